@@ -1,0 +1,5 @@
+import sys
+
+from tilepilot.cli import main
+
+sys.exit(main())

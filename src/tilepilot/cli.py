@@ -1,0 +1,62 @@
+"""The ``tilepilot`` command: a thin dispatcher over one module per sub-command in ``commands/``.
+
+Each command module exposes ``add_parser(subparsers)`` and ``run(args) -> int``; this file only wires
+them and turns user-facing errors into one sentence and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tilepilot.errors import TilepilotError
+
+# sub-command name -> module under tilepilot.commands; imported lazily so `--help` stays fast.
+COMMANDS = ("zoo", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "skills")
+
+
+def _load(name: str):
+    try:
+        return importlib.import_module(f"tilepilot.commands.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"tilepilot.commands.{name}":
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tilepilot",
+        description=(
+            "Deploy decoder-only LLMs onto a modeled AMD XDNA2 NPU. "
+            "NPU times are modeled; host times are measured."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        mod = _load(name)
+        if mod is not None:
+            p = mod.add_parser(sub)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except TilepilotError as e:
+        print(f"tilepilot: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("tilepilot: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
