@@ -16,6 +16,7 @@ def _sample_trace() -> Trace:
     d = t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=0, phase="prefill", macs=10**9)
     t.record(TraceEvent("dma A", "dma", d.start_s, d.start_s + 0.001, "modeled", group="rms_gemms_rope", bytes=1 << 20))
     t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=1, phase="prefill", macs=10**9)
+    t.add("sync", "sync weights", 0.0001, group="host_sync", phase="decode", bytes=1 << 16)
     t.add("cpu", "attention", 0.0003, group="cpu_attention", layer=1, phase="decode")
     return t
 
@@ -25,13 +26,13 @@ def test_add_places_events_back_to_back_and_defaults_clock_by_kind():
     top = t.top_level()
     for a, b in zip(top, top[1:], strict=False):
         assert b.start_s == pytest.approx(a.end_s)
-    assert all(e.clock == "modeled" for e in t.events if e.kind in ("dispatch", "dma"))
+    assert all(e.clock == "modeled" for e in t.events if e.kind in ("dispatch", "dma", "sync"))
     assert all(e.clock == "measured" for e in t.events if e.kind in ("host", "cpu"))
 
 
 def test_dma_inside_a_dispatch_is_not_counted_twice():
     t = _sample_trace()
-    assert t.total_s("modeled") == pytest.approx(2 * 0.0073)
+    assert t.total_s("modeled") == pytest.approx(2 * 0.0073 + 0.0001)
     assert t.total_s("measured") == pytest.approx(0.0002 + 0.0003)
     assert t.count("dispatch") == 2
     assert t.count("dispatch", phase="decode") == 0
@@ -53,7 +54,7 @@ def test_chrome_file_is_valid_trace_json(tmp_path):
     data = json.loads(path.read_text())
     assert isinstance(data["traceEvents"], list)
     xs = [e for e in data["traceEvents"] if e["ph"] == "X"]
-    assert len(xs) == 5
+    assert len(xs) == 6
     for e in xs:
         assert isinstance(e["name"], str) and isinstance(e["cat"], str)
         assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float))

@@ -1,9 +1,10 @@
 """A run's timeline: every dispatch, DMA, host operation and CPU fallback, written as Chrome trace JSON.
 
-Two clocks meet on one timeline and must never be confused: NPU work (dispatches, launches, DMAs) has a
-*modeled* duration from ``npu.timing``; host work (buffer syncs we time ourselves, CPU fallbacks) has a
-*measured* one. Each event carries its ``clock`` so every reader (the summary, Perfetto, the independent
-evaluator) can tell which is which. The NPU and the host sit in separate Chrome "processes" so a viewer
+Two clocks meet on one timeline and must never be confused: NPU work (dispatches, launches, DMAs) and
+host<->device buffer syncs (there is no real device buffer to copy into) have a *modeled* duration from
+``npu.timing``; host work we really run (host ops, CPU fallbacks) has a *measured* one. Each event
+carries its ``clock`` so every reader (the summary, Perfetto, the independent evaluator) can tell which
+is which. The NPU and the host sit in separate Chrome "processes" so a viewer
 shows them as separate lanes.
 
 Times are seconds inside the program and microseconds in the Chrome file (the format's unit).
@@ -20,13 +21,15 @@ from pathlib import Path
 
 from tilepilot.errors import InputError, WorkspaceError
 
-KINDS = ("dispatch", "launch", "dma", "host", "cpu")
+KINDS = ("dispatch", "launch", "dma", "sync", "host", "cpu")
+# Kinds whose duration comes from the timing model unless the caller says otherwise.
+MODELED_KINDS = ("dispatch", "launch", "dma", "sync")
 CLOCKS = ("modeled", "measured")
 PHASES = ("prefill", "decode")
 
 # Kinds that occupy the timeline on their own. Launches and DMAs happen *inside* a dispatch, so counting
 # them in totals would count the same modeled time twice.
-TOP_LEVEL_KINDS = ("dispatch", "host", "cpu")
+TOP_LEVEL_KINDS = ("dispatch", "sync", "host", "cpu")
 
 # Chrome "process" / "thread" lanes: NPU vs host, then one lane per kind of work.
 _PID = {"npu": 1, "host": 2}
@@ -34,10 +37,11 @@ _LANES = {
     "dispatch": ("npu", 1, "dispatches"),
     "launch": ("npu", 2, "launches"),
     "dma": ("npu", 3, "dma"),
-    "host": ("host", 1, "host ops"),
-    "cpu": ("host", 2, "cpu fallback"),
+    "sync": ("host", 1, "buffer sync (modeled)"),
+    "host": ("host", 2, "host ops (measured)"),
+    "cpu": ("host", 3, "cpu fallback (measured)"),
 }
-_PROCESS_NAMES = {"npu": "NPU (modeled time)", "host": "Host (measured time)"}
+_PROCESS_NAMES = {"npu": "NPU (modeled time)", "host": "Host (syncs modeled, host ops measured)"}
 
 
 @dataclass(frozen=True)
@@ -122,11 +126,11 @@ class Trace:
         bytes: int = 0,
         macs: int = 0,
     ) -> TraceEvent:
-        """Append an event at the cursor. NPU kinds default to the modeled clock, host kinds to measured."""
+        """Append an event at the cursor. NPU kinds and syncs default to the modeled clock, host work to measured."""
         if duration_s < 0:
             raise InputError(f"Trace event {name!r} has negative duration {duration_s} s; durations must be >= 0.")
         if clock is None:
-            clock = "modeled" if kind in ("dispatch", "launch", "dma") else "measured"
+            clock = "modeled" if kind in MODELED_KINDS else "measured"
         start = self.cursor_s
         event = TraceEvent(name, kind, start, start + duration_s, clock, group, layer, phase, int(bytes), int(macs))
         return self.record(event)
