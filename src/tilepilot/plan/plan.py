@@ -1,0 +1,238 @@
+"""DeploymentPlan: which kernel groups (dispatches) run one block and the head, and how the host behaves.
+
+A plan is plain data: skills edit it, ``time_plan`` models it, the runner executes it, and it is
+saved as ``deployment.json`` in a workspace. ``validate`` checks a plan against the block graph of its
+spec so that a skill that drops, duplicates or reorders an op is caught before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tilepilot.errors import ConfigError
+from tilepilot.model.spec import ModelSpec
+from tilepilot.plan.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, block_graph
+
+PLAN_FORMAT = 1
+STAGES = ("prefill", "decode")
+WHERE = ("npu", "cpu")
+WEIGHT_POLICIES = ("preloaded", "per_call")
+LAYOUTS = ("seq_first", "host_transpose")
+
+
+@dataclass
+class KernelCall:
+    """One op of the block graph mapped to a kernel family; an empty config means the family default."""
+
+    op: str
+    family: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KernelGroup:
+    """One dispatch (a multi-launch group) on the NPU, or one host step on the CPU."""
+
+    name: str
+    calls: list[KernelCall]
+    where: str = "npu"
+
+    @property
+    def ops(self) -> list[str]:
+        return [c.op for c in self.calls]
+
+    @property
+    def is_dispatch(self) -> bool:
+        """An NPU group launches the array only if it holds a kernel (a lone KV write is a DMA)."""
+        return self.where == "npu" and any(c.family != KV_FAMILY for c in self.calls)
+
+
+@dataclass
+class StagePlan:
+    """Groups of one block (repeated for every layer) and of the head, in execution order."""
+
+    block: list[KernelGroup]
+    head: list[KernelGroup]
+
+    def groups(self) -> list[KernelGroup]:
+        return self.block + self.head
+
+
+@dataclass
+class HostPolicy:
+    """Host-side behaviour: each option changes modeled time and never a result."""
+
+    weights: str = "per_call"
+    zero_copy: bool = False
+    skip_unchanged_writes: bool = False
+    reuse_buffers: bool = False
+    layout: str = "host_transpose"
+
+
+@dataclass
+class DeploymentPlan:
+    name: str
+    spec: dict[str, Any]
+    prefill: StagePlan
+    decode: StagePlan
+    host: HostPolicy = field(default_factory=HostPolicy)
+    notes: list[str] = field(default_factory=list)
+
+    # ---- views --------------------------------------------------------------------------
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec.from_dict(self.spec)
+
+    def stage(self, stage: str) -> StagePlan:
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        return self.prefill if stage == "prefill" else self.decode
+
+    def dispatches_per_layer(self, stage: str) -> int:
+        return sum(g.is_dispatch for g in self.stage(stage).block)
+
+    def dispatches_per_token(self, stage: str) -> int:
+        """NPU dispatches of one forward pass (all layers plus the head)."""
+        st = self.stage(stage)
+        n_layers = int(self.spec["n_layers"])
+        return n_layers * self.dispatches_per_layer(stage) + sum(g.is_dispatch for g in st.head)
+
+    # ---- serialization ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = PLAN_FORMAT
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeploymentPlan:
+        try:
+            if d.get("format", PLAN_FORMAT) != PLAN_FORMAT:
+                raise ConfigError(
+                    f"plan format {d.get('format')} is not supported (expected {PLAN_FORMAT}); rebuild the plan"
+                )
+            return cls(
+                name=str(d["name"]),
+                spec=dict(d["spec"]),
+                prefill=_stage_from_dict(d["prefill"]),
+                decode=_stage_from_dict(d["decode"]),
+                host=HostPolicy(**d.get("host", {})),
+                notes=list(d.get("notes", [])),
+            )
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"plan JSON is malformed ({type(e).__name__}: {e}); rebuild or fix the plan") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> DeploymentPlan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"plan is not valid JSON ({e.msg} at line {e.lineno}); rebuild or fix it") from None
+        if not isinstance(data, dict):
+            raise ConfigError("plan JSON must hold an object; rebuild or fix it")
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically (temp file + rename) so a crash never leaves half a plan."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.to_json() + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeploymentPlan:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"plan file {path} does not exist; create it with a plan builder or `tilepilot deploy`")
+        return cls.from_json(path.read_text())
+
+
+def _stage_from_dict(d: dict[str, Any]) -> StagePlan:
+    def groups(items: list[dict[str, Any]]) -> list[KernelGroup]:
+        return [
+            KernelGroup(
+                name=str(g["name"]),
+                calls=[KernelCall(c["op"], c["family"], dict(c.get("config", {}))) for c in g["calls"]],
+                where=str(g.get("where", "npu")),
+            )
+            for g in items
+        ]
+
+    return StagePlan(block=groups(d["block"]), head=groups(d["head"]))
+
+
+def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[str]:
+    """Every problem of the plan against its spec's block graph, one sentence each (empty = valid)."""
+    spec = spec or plan.model_spec()
+    graph = block_graph(spec)
+    problems: list[str] = []
+    h = plan.host
+    if h.weights not in WEIGHT_POLICIES:
+        problems.append(f"host.weights is {h.weights!r}; use one of {WEIGHT_POLICIES}")
+    if h.layout not in LAYOUTS:
+        problems.append(f"host.layout is {h.layout!r}; use one of {LAYOUTS}")
+    for stage in STAGES:
+        st = plan.stage(stage)
+        for part, groups, expected, external in (
+            ("block", st.block, graph.block_ops, {LAYER_INPUT}),
+            ("head", st.head, graph.head_ops, {LAYER_INPUT}),
+        ):
+            where = f"{stage} {part}"
+            names = [g.name for g in groups]
+            if len(set(names)) != len(names):
+                problems.append(f"{where} has duplicate group names {sorted(n for n in names if names.count(n) > 1)}")
+            ops = [c.op for g in groups for c in g.calls]
+            missing = [o for o in expected if o not in ops]
+            extra = [o for o in ops if o not in expected]
+            dup = sorted({o for o in ops if ops.count(o) > 1})
+            if missing:
+                problems.append(f"{where} lacks ops {missing}; every op of the block graph must run once")
+            if extra:
+                problems.append(f"{where} has ops {extra} that the model's block graph does not contain")
+            if dup:
+                problems.append(f"{where} runs ops {dup} more than once")
+            available = set(external)
+            for g in groups:
+                if g.where not in WHERE:
+                    problems.append(f"{where} group {g.name} has where={g.where!r}; use 'npu' or 'cpu'")
+                if not g.calls:
+                    problems.append(f"{where} group {g.name} is empty")
+                for c in g.calls:
+                    if c.op not in expected:
+                        continue
+                    node = graph.node(c.op)
+                    for inp in node.inputs:
+                        if inp not in available:
+                            problems.append(f"{where} op {c.op} reads {inp} before it is computed")
+                    available.add(node.output)
+                    allowed = KIND_FAMILIES[node.kind]
+                    if g.where == "cpu":
+                        if c.family not in (HOST_FAMILY,):
+                            problems.append(
+                                f"{where} op {c.op} is in CPU group {g.name} but names family {c.family!r}; use 'host'"
+                            )
+                    elif c.family not in allowed:
+                        problems.append(f"{where} op {c.op} uses family {c.family!r}; it must be one of {allowed}")
+                    if not isinstance(c.config, dict):
+                        problems.append(f"{where} op {c.op} has a non-object config")
+    return problems
+
+
+def check_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> None:
+    """Raise ConfigError listing the plan's problems, if any."""
+    problems = validate_plan(plan, spec)
+    if problems:
+        raise ConfigError(f"plan {plan.name!r} is invalid: " + "; ".join(problems))
