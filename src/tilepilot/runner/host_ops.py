@@ -1,0 +1,69 @@
+"""Host (CPU) implementations of the block ops, for the groups a plan places on the CPU.
+
+They follow the NPU's numerics contract at the group boundary (bf16 tensors in and out, fp32 inside
+non-linear functions, one rounding at the end) so moving an op between CPU and NPU changes where it
+runs, not what the rest of the model sees. These are production host code, independent of the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+BF16 = torch.bfloat16
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(BF16)
+
+
+def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, head_dim: int) -> torch.Tensor:
+    """Per-head RMSNorm (Qwen3 Q/K norm) over rows of ``[T, heads * head_dim]``."""
+    t = x.shape[0]
+    return rmsnorm(x.reshape(t, -1, head_dim), weight, eps).reshape(t, -1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """bf16 x bf16 with fp32 accumulation inside, rounded once (HF ``[out, in]`` weights, no transpose)."""
+    return F.linear(x.to(BF16), weight)
+
+
+def bias_add(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return (x.float() + bias.float()).to(BF16)
+
+
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.float() + b.float()).to(BF16)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return (F.silu(gate.float()) * up.float()).to(BF16)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """HF half-rotation RoPE on ``[T, heads * head_dim]`` with fp32 ``cos``/``sin`` of shape ``[T, head_dim/2]``."""
+    t = x.shape[0]
+    xf = x.float().reshape(t, -1, head_dim)
+    half = head_dim // 2
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return out.reshape(t, -1).to(BF16)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, n_heads: int, n_kv_heads: int, head_dim: int
+) -> torch.Tensor:
+    """Causal GQA attention of T queries at positions ``start..start+T-1`` over L cached keys, fp32 inside."""
+    t, length = q.shape[0], k.shape[0]
+    qh = q.float().reshape(t, n_heads, head_dim).transpose(0, 1)
+    kh = k.float().reshape(length, n_kv_heads, head_dim).transpose(0, 1)
+    vh = v.float().reshape(length, n_kv_heads, head_dim).transpose(0, 1)
+    mask = None
+    if t > 1:
+        qpos = torch.arange(start, start + t)[:, None]
+        mask = torch.arange(length)[None, :] <= qpos
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=n_heads != n_kv_heads)
+    return out.transpose(0, 1).reshape(t, n_heads * head_dim).to(BF16)
