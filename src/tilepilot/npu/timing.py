@@ -1,0 +1,533 @@
+"""The performance model: how long a design, a dispatch and the host work around it take on XDNA2 (modeled).
+
+There is no XDNA2 to run on and no simulator, so NPU time is computed from the design's structure and the
+constants of ``npu/calibration.py``. The model is deliberately a bounds model: each resource a design uses
+(a core, a tile's DMA channels, a memory tile's channels, the shim's channels, DDR) gives a lower bound on
+the time, and a design takes as long as its tightest bound plus the time to fill and drain its pipeline.
+
+Per worker, per kernel call (cycles)::
+
+    compute  = macs / (peak_macs(variant) * eff) + vector_ops / (vector_ops_per_cycle * eff) + loop_overhead
+               (scalar variant: macs / scalar_macs_per_cycle + vector_ops / scalar_ops_per_cycle + loop_overhead)
+               and at least bytes_per_call / core_load_bytes_per_cycle
+    dma_in   = busiest input channel:  bytes per call on it / stream_bytes_per_cycle
+    dma_out  = busiest output channel: same
+    call     = max(compute + max(single-buffered dma in, single-buffered dma out), dma_in, dma_out)
+
+A fifo of depth >= 2 lets its DMA overlap the kernel (double buffering); a depth-1 fifo makes the kernel
+wait for its transfer, so that transfer adds to the compute. With every fifo double-buffered this is
+``max(compute, dma_in, dma_out)``; with none it is ``compute + max(dma_in, dma_out)``: the transfers no
+longer overlap the kernel, but the refill of the inputs and the drain of the outputs still run at the
+same time on their own channels.
+
+Per design (cycles)::
+
+    steady = max(worker calls * call  (slowest worker),
+                 busiest memory-tile / shim channel: bytes over the run / stream_bytes_per_cycle,
+                 DDR bytes (read + write) / usable DDR bandwidth)
+    design = fill + steady + drain + (task groups - 1) * (fill + drain)
+
+Per dispatch: ``dispatch_overhead + sum(designs) + (launches - 1) * launch_in_group``.
+
+Results are memoized on a design's structure (fifos, links, workers, runtime tasks, device, family), so a
+full model whose layers repeat the same designs times in milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from tilepilot.errors import ConfigError, InputError
+from tilepilot.npu.calibration import CALIBRATION, Calibration
+from tilepilot.npu.design import Design, FifoLink, MultiLaunchGroup, nbytes
+from tilepilot.npu.device import Device, Tile
+
+BOUNDS = ("compute", "dma", "ddr")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerTiming:
+    """One worker's steady state. Cycle counts are per iteration (``calls_per_iteration`` kernel calls)."""
+
+    name: str
+    iterations: int
+    calls_per_iteration: int
+    compute_cycles: float
+    dma_in_cycles: float
+    dma_out_cycles: float
+    iteration_cycles: float
+    double_buffered: bool
+    bound: str  # "compute" | "dma"
+    macs: int
+
+    @property
+    def total_cycles(self) -> float:
+        return self.iteration_cycles * self.iterations
+
+
+@dataclass(frozen=True)
+class DesignTiming:
+    """Modeled time of one launch of a design, with the bound that set it. All times are modeled."""
+
+    name: str
+    seconds: float
+    cycles: float
+    fill_cycles: float
+    drain_cycles: float
+    steady_cycles: float
+    bound: str  # "compute" | "dma" | "ddr"
+    limiter: str  # which resource: "worker <name>", "mem tile ...", "shim ...", "ddr"
+    macs: int
+    ddr_read_bytes: int
+    ddr_write_bytes: int
+    workers: tuple[WorkerTiming, ...]
+    limits: tuple[tuple[str, float], ...]  # every lower bound considered, in cycles
+    clock_hz: float
+    clock: str = "modeled"
+
+    @property
+    def ddr_bytes(self) -> int:
+        return self.ddr_read_bytes + self.ddr_write_bytes
+
+    @property
+    def flops_per_s(self) -> float:
+        return 2.0 * self.macs / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ddr_bytes_per_s(self) -> float:
+        return self.ddr_bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "clock": self.clock,
+            "seconds": self.seconds,
+            "bound": self.bound,
+            "limiter": self.limiter,
+            "cycles": self.cycles,
+            "fill_cycles": self.fill_cycles,
+            "drain_cycles": self.drain_cycles,
+            "steady_cycles": self.steady_cycles,
+            "macs": self.macs,
+            "ddr_read_bytes": self.ddr_read_bytes,
+            "ddr_write_bytes": self.ddr_write_bytes,
+            "limits": dict(self.limits),
+            "workers": [w.__dict__ | {"total_cycles": w.total_cycles} for w in self.workers],
+        }
+
+
+@dataclass(frozen=True)
+class GroupTiming:
+    """One dispatch (a single design or a multi-launch group): host round trip + launches. Modeled."""
+
+    name: str
+    seconds: float
+    dispatch_overhead_s: float
+    launch_overhead_s: float  # sum of the per-launch costs after the first
+    designs: tuple[DesignTiming, ...]
+    clock: str = "modeled"
+
+    @property
+    def launches(self) -> int:
+        return len(self.designs)
+
+    @property
+    def macs(self) -> int:
+        return sum(d.macs for d in self.designs)
+
+    @property
+    def ddr_bytes(self) -> int:
+        return sum(d.ddr_bytes for d in self.designs)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Structure: the hashable summary of a design that the model reads (and memoizes on)
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Fifo:
+    name: str
+    obj_bytes: int
+    depth: int
+    shim: Tile | None
+
+
+@dataclass(frozen=True)
+class _Worker:
+    name: str
+    variant: str
+    macs_per_call: int
+    vector_ops_per_call: int
+    bytes_per_call: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    iterations: int
+    calls_per_iteration: int
+    acquires: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class _Task:
+    kind: str
+    fifo: str
+    nbytes: int
+    group: int
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Everything about a design that its modeled time depends on, and nothing else (hashable)."""
+
+    device: Device
+    family: str | None
+    fifos: tuple[_Fifo, ...]
+    links: tuple[FifoLink, ...]
+    workers: tuple[_Worker, ...]
+    tasks: tuple[_Task, ...]
+    meta_ddr_bytes: tuple[int, int]
+
+
+def structure(design: Design) -> Structure:
+    """The structural key of a design: two designs with equal keys have equal modeled times."""
+    tensors = {t.name: t for t in design.inputs + design.outputs}
+    tasks = []
+    for t in design.runtime.tasks:
+        if t.tensor not in tensors:
+            raise InputError(
+                f"Design {design.name}: runtime task on {t.fifo} names tensor {t.tensor!r}, which is not a design "
+                "input or output; declare the tensor."
+            )
+        tasks.append(_Task(t.kind, t.fifo, nbytes(t.tap.n_elements, tensors[t.tensor].dtype), t.group))
+    workers = tuple(
+        _Worker(
+            w.name,
+            w.kernel.variant,
+            int(w.kernel.macs_per_call),
+            int(w.kernel.vector_ops_per_call),
+            int(w.kernel.bytes_per_call),
+            w.inputs,
+            w.outputs,
+            int(w.iterations),
+            int(w.calls_per_iteration),
+            tuple(sorted(w.acquires_per_iteration().items())),
+        )
+        for w in design.workers
+    )
+    meta = design.meta or {}
+    family = meta.get("family")
+    return Structure(
+        device=design.device,
+        family=str(family) if family is not None else None,
+        fifos=tuple(_Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement) for f in design.fifos),
+        links=tuple(design.links),
+        workers=workers,
+        tasks=tuple(tasks),
+        meta_ddr_bytes=(int(meta.get("ddr_read_bytes", 0) or 0), int(meta.get("ddr_write_bytes", 0) or 0)),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------------------------
+def time_design(design: Design, cal: Calibration = CALIBRATION) -> DesignTiming:
+    """Modeled time of one launch of ``design`` (no dispatch overhead; see ``time_group``)."""
+    result = _time_structure(structure(design), cal)
+    return replace(result, name=design.name)
+
+
+def time_group(group: MultiLaunchGroup | Design | Sequence[Design], cal: Calibration = CALIBRATION) -> GroupTiming:
+    """Modeled time of one dispatch: host round trip + each launch + the extra cost of every launch after the first.
+
+    Accepts a multi-launch group, a single design (a dispatch of one launch) or a list of designs.
+    """
+    if isinstance(group, MultiLaunchGroup):
+        name, designs = group.name, list(group.designs)
+    elif isinstance(group, Design):
+        name, designs = group.name, [group]
+    else:
+        designs = list(group)
+        name = "+".join(d.name for d in designs)
+    if not designs:
+        raise InputError(f"Dispatch {name!r} holds no launches; give it at least one design.")
+    timings = tuple(time_design(d, cal) for d in designs)
+    extra = (len(timings) - 1) * cal.launch_in_group_s
+    seconds = cal.dispatch_overhead_s + extra + sum(t.seconds for t in timings)
+    return GroupTiming(name, seconds, cal.dispatch_overhead_s, extra, timings)
+
+
+def time_dispatch(design: Design, cal: Calibration = CALIBRATION) -> GroupTiming:
+    """A single design dispatched on its own (what a standalone kernel measurement sees)."""
+    return time_group(design, cal)
+
+
+def clear_cache() -> None:
+    """Forget memoized timings (only needed by tests that count model evaluations)."""
+    _time_structure.cache_clear()
+
+
+@functools.lru_cache(maxsize=8192)
+def _time_structure(s: Structure, cal: Calibration) -> DesignTiming:
+    dev = s.device
+    bpc = float(dev.stream_bytes_per_cycle)
+    fifos = {f.name: f for f in s.fifos}
+    _check_names(s, fifos)
+    fifo_bytes = _bytes_through_fifos(s, fifos)
+
+    workers = tuple(_time_worker(w, s, fifos, dev, cal) for w in s.workers)
+
+    limits: list[tuple[str, float, str]] = []  # (resource, cycles, bound kind)
+    for wt in workers:
+        limits.append((f"worker {wt.name}", wt.total_cycles, wt.bound))
+    limits += _mem_tile_limits(s, fifo_bytes, dev, bpc)
+    limits += _shim_limits(s, fifos, dev, bpc)
+    ddr_read = max(sum(t.nbytes for t in s.tasks if t.kind == "fill"), s.meta_ddr_bytes[0])
+    ddr_write = max(sum(t.nbytes for t in s.tasks if t.kind == "drain"), s.meta_ddr_bytes[1])
+    limits.append(("ddr", (ddr_read + ddr_write) / cal.ddr_bytes_per_s * dev.clock_hz, "ddr"))
+
+    resource, steady, bound = max(limits, key=lambda x: x[1]) if limits else ("none", 0.0, "compute")
+    fill = max((_fill_path(f, s, fifos, bpc, cal) for w in s.workers for f in w.inputs), default=0.0)
+    drain = max((_drain_path(f, s, fifos, bpc, cal) for w in s.workers for f in w.outputs), default=0.0)
+    n_groups = len({t.group for t in s.tasks})
+    bubbles = max(n_groups - 1, 0) * (fill + drain)
+    cycles = fill + steady + drain + bubbles
+    macs = sum(w.macs_per_call * w.calls_per_iteration * w.iterations for w in s.workers)
+    return DesignTiming(
+        name="",
+        seconds=cycles / dev.clock_hz,
+        cycles=cycles,
+        fill_cycles=fill,
+        drain_cycles=drain,
+        steady_cycles=steady,
+        bound=bound,
+        limiter=resource,
+        macs=macs,
+        ddr_read_bytes=ddr_read,
+        ddr_write_bytes=ddr_write,
+        workers=workers,
+        limits=tuple((name, cyc) for name, cyc, _ in limits),
+        clock_hz=dev.clock_hz,
+    )
+
+
+def _check_names(s: Structure, fifos: dict[str, _Fifo]) -> None:
+    used = {f for w in s.workers for f in w.inputs + w.outputs} | {t.fifo for t in s.tasks}
+    used |= {f for lk in s.links for f in lk.fifos}
+    missing = sorted(used - set(fifos))
+    if missing:
+        raise InputError(f"Design refers to fifos {missing} that it does not declare; add them to design.fifos.")
+
+
+def peak_macs_per_cycle(variant: str, device: Device, cal: Calibration) -> float:
+    """MACs per cycle per tile of a kernel variant before efficiency: vector bf16, block-FP16, or scalar."""
+    if variant == "vector":
+        return float(device.bf16_macs_per_cycle)
+    if variant == "bfp16":
+        return float(device.bfp16_macs_per_cycle)
+    if variant == "scalar":
+        return cal.scalar_macs_per_cycle
+    raise ConfigError(f"Kernel variant {variant!r} is unknown; use vector, scalar or bfp16.")
+
+
+def compute_cycles_per_call(
+    variant: str,
+    macs: int,
+    vector_ops: int,
+    bytes_touched: int,
+    family: str | None,
+    device: Device,
+    cal: Calibration,
+) -> float:
+    """Core cycles of one kernel call, loop overhead included."""
+    if variant == "scalar":
+        work = macs / cal.scalar_macs_per_cycle + vector_ops / cal.scalar_ops_per_cycle
+    else:
+        eff = cal.efficiency(family)
+        work = macs / (peak_macs_per_cycle(variant, device, cal) * eff) + vector_ops / (cal.vector_ops_per_cycle * eff)
+    work = max(work, bytes_touched / cal.core_load_bytes_per_cycle)
+    return work + cal.loop_overhead_cycles
+
+
+def _busiest_channel(loads: Sequence[float], channels: int) -> float:
+    """Largest per-channel load when transfers (each on one channel) are spread over ``channels`` (LPT)."""
+    if not loads:
+        return 0.0
+    bins = [0.0] * max(channels, 1)
+    for x in sorted(loads, reverse=True):
+        i = bins.index(min(bins))
+        bins[i] += x
+    return max(bins)
+
+
+def _time_worker(w: _Worker, s: Structure, fifos: dict[str, _Fifo], dev: Device, cal: Calibration) -> WorkerTiming:
+    bpc = float(dev.stream_bytes_per_cycle)
+    acq = dict(w.acquires)
+    calls = w.calls_per_iteration
+
+    def per_call(f: str) -> float:
+        return fifos[f].obj_bytes * acq.get(f, 1) / calls
+
+    compute = compute_cycles_per_call(
+        w.variant, w.macs_per_call, w.vector_ops_per_call, w.bytes_per_call, s.family, dev, cal
+    )
+    in_loads = [per_call(f) / bpc for f in w.inputs]
+    out_loads = [per_call(f) / bpc for f in w.outputs]
+    dma_in = _busiest_channel(in_loads, dev.compute.s2mm_channels)
+    dma_out = _busiest_channel(out_loads, dev.compute.mm2s_channels)
+    # Single-buffered fifos make the core wait: after a call releases its buffers, the refill of the inputs and
+    # the drain of the outputs run in parallel (own channels), and the next call starts when both are done.
+    serial = max(
+        _busiest_channel([per_call(f) / bpc for f in w.inputs if fifos[f].depth < 2], dev.compute.s2mm_channels),
+        _busiest_channel([per_call(f) / bpc for f in w.outputs if fifos[f].depth < 2], dev.compute.mm2s_channels),
+    )
+    call = max(compute + serial, dma_in, dma_out)
+    bound = "compute" if compute + serial >= max(dma_in, dma_out) and compute >= serial else "dma"
+    return WorkerTiming(
+        name=w.name,
+        iterations=w.iterations,
+        calls_per_iteration=calls,
+        compute_cycles=compute * calls,
+        dma_in_cycles=dma_in * calls,
+        dma_out_cycles=dma_out * calls,
+        iteration_cycles=call * calls,
+        double_buffered=all(fifos[f].depth >= 2 for f in w.inputs + w.outputs),
+        bound=bound,
+        macs=w.macs_per_call * calls * w.iterations,
+    )
+
+
+def _bytes_through_fifos(s: Structure, fifos: dict[str, _Fifo]) -> dict[str, float]:
+    """Bytes each fifo carries over the whole launch, from whichever end knows: shim tasks, workers, or links."""
+    known: dict[str, float] = {}
+    for t in s.tasks:
+        known[t.fifo] = known.get(t.fifo, 0.0) + t.nbytes
+    for w in s.workers:
+        acq = dict(w.acquires)
+        for f in w.inputs + w.outputs:
+            if f in fifos and f not in {t.fifo for t in s.tasks}:
+                b = fifos[f].obj_bytes * acq.get(f, 1) * w.iterations
+                known[f] = max(known.get(f, 0.0), b)  # broadcast: every consumer sees the same objects
+    # Links pass objects one for one: a split/join/forward moves as many objects on each side.
+    for _ in range(len(s.links) + 1):
+        changed = False
+        for lk in s.links:
+            objects = [known[f] / fifos[f].obj_bytes for f in lk.fifos if f in known and fifos[f].obj_bytes]
+            if not objects:
+                continue
+            n = max(objects)
+            for f in lk.fifos:
+                if f not in known and f in fifos:
+                    known[f] = n * fifos[f].obj_bytes
+                    changed = True
+        if not changed:
+            break
+    return known
+
+
+def _mem_tile_limits(
+    s: Structure, fifo_bytes: dict[str, float], dev: Device, bpc: float
+) -> list[tuple[str, float, str]]:
+    """Per memory tile: its busiest input and output channel over the launch (links on one tile share them)."""
+    by_tile: dict[str, tuple[list[float], list[float]]] = {}
+    for lk in s.links:
+        key = f"mem tile {lk.placement}" if lk.placement is not None else f"mem tile of {lk.name}"
+        ins, outs = by_tile.setdefault(key, ([], []))
+        ins += [fifo_bytes.get(f, 0.0) / bpc for f in lk.srcs]
+        outs += [fifo_bytes.get(f, 0.0) / bpc for f in lk.dsts]
+    out = []
+    for key, (ins, outs) in by_tile.items():
+        cyc = max(_busiest_channel(ins, dev.mem.s2mm_channels), _busiest_channel(outs, dev.mem.mm2s_channels))
+        out.append((key, cyc, "dma"))
+    return out
+
+
+def _shim_limits(s: Structure, fifos: dict[str, _Fifo], dev: Device, bpc: float) -> list[tuple[str, float, str]]:
+    """Per shim tile: busiest channel. Fifos without a shim placement share the whole device's shim channels."""
+    by_tile: dict[str, tuple[dict[str, float], dict[str, float], int]] = {}
+    for t in s.tasks:
+        tile = fifos[t.fifo].shim
+        key = f"shim {tile}" if tile is not None else "shim (unplaced)"
+        scale = 1 if tile is not None else dev.columns
+        fills, drains, _ = by_tile.setdefault(key, ({}, {}, scale))
+        side = fills if t.kind == "fill" else drains
+        side[t.fifo] = side.get(t.fifo, 0.0) + t.nbytes / bpc
+    out = []
+    for key, (fills, drains, scale) in by_tile.items():
+        cyc = max(
+            _busiest_channel(list(fills.values()), dev.shim.mm2s_channels * scale),
+            _busiest_channel(list(drains.values()), dev.shim.s2mm_channels * scale),
+        )
+        out.append((key, cyc, "dma"))
+    return out
+
+
+def _producer_link(s: Structure, fifo: str) -> FifoLink | None:
+    return next((lk for lk in s.links if fifo in lk.dsts), None)
+
+
+def _consumer_link(s: Structure, fifo: str) -> FifoLink | None:
+    return next((lk for lk in s.links if fifo in lk.srcs), None)
+
+
+def _fill_path(fifo: str, s: Structure, fifos: dict[str, _Fifo], bpc: float, cal: Calibration, depth: int = 0) -> float:
+    """Cycles until the first object of ``fifo`` is in place: one hop per link back to the shim."""
+    hop = cal.dma_hop_latency_cycles + fifos[fifo].obj_bytes / bpc
+    lk = _producer_link(s, fifo)
+    if lk is None or depth > len(s.links):
+        return hop
+    return hop + max(_fill_path(src, s, fifos, bpc, cal, depth + 1) for src in lk.srcs)
+
+
+def _drain_path(
+    fifo: str, s: Structure, fifos: dict[str, _Fifo], bpc: float, cal: Calibration, depth: int = 0
+) -> float:
+    """Cycles for the last object of ``fifo`` to reach its final consumer (DDR through the shim, usually)."""
+    hop = cal.dma_hop_latency_cycles + fifos[fifo].obj_bytes / bpc
+    lk = _consumer_link(s, fifo)
+    if lk is None or depth > len(s.links):
+        return hop
+    return hop + max(_drain_path(dst, s, fifos, bpc, cal, depth + 1) for dst in lk.dsts)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostCost:
+    """Host-side costs around dispatches. Buffer syncs and uploads are modeled (there is no device buffer);
+    CPU fallbacks are measured when they run and only estimated for plans timed without running."""
+
+    cal: Calibration = CALIBRATION
+
+    def sync_s(self, nbytes: int) -> float:
+        """One host<->device buffer sync of ``nbytes`` (modeled): fixed cost + copy at host bandwidth."""
+        if nbytes < 0:
+            raise InputError(f"A buffer sync of {nbytes} bytes is impossible; pass a byte count >= 0.")
+        return self.cal.host_sync_fixed_s + nbytes / self.cal.host_copy_bytes_per_s
+
+    def syncs_s(self, sizes: Sequence[int]) -> float:
+        """Several buffer syncs, one fixed cost each."""
+        return sum(self.sync_s(n) for n in sizes)
+
+    def weights_s(self, nbytes: int, *, preloaded: bool) -> float:
+        """Per-call cost of a launch's weights: nothing when preloaded once, a full sync when synced per call."""
+        return 0.0 if preloaded else self.sync_s(nbytes)
+
+    def preload_s(self, nbytes: int) -> float:
+        """One-time upload of static weights (paid once per deployment, not per call)."""
+        return self.sync_s(nbytes)
+
+    def cpu_fallback_s(self, measured_s: float) -> float:
+        """A CPU op that really ran: its measured wall-clock time, unchanged (trace it with clock='measured')."""
+        if measured_s < 0:
+            raise InputError(f"Measured CPU time {measured_s} s is negative; pass the wall-clock seconds it took.")
+        return float(measured_s)
+
+    def cpu_estimate_s(self, nbytes_streamed: int) -> float:
+        """Modeled estimate of a CPU op that was not run (analytic plan timing): bytes / host CPU bandwidth."""
+        if nbytes_streamed < 0:
+            raise InputError(f"A CPU op streaming {nbytes_streamed} bytes is impossible; pass a count >= 0.")
+        return nbytes_streamed / self.cal.host_cpu_bytes_per_s
