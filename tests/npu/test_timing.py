@@ -197,7 +197,9 @@ def test_adding_a_launch_never_makes_a_group_faster():
         assert g.launches == k
         prev = g.seconds
     one = time_dispatch(designs[0])
-    assert one.seconds == pytest.approx(CALIBRATION.dispatch_overhead_s + time_design(designs[0]).seconds)
+    config = timing.tiles_configured(designs[0]) * CALIBRATION.tile_config_s
+    assert one.seconds == pytest.approx(CALIBRATION.dispatch_overhead_s + config + time_design(designs[0]).seconds)
+    assert timing.tiles_configured(designs[1]) == 32 + 8  # workers + memory tiles
 
 
 def test_fusing_launches_into_one_dispatch_beats_separate_dispatches():

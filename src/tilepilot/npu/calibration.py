@@ -51,9 +51,14 @@ class Calibration:
     # --- fitted: dispatch -------------------------------------------------------------------------------------------
     # Host round trip of one dispatch (kernel() + wait() through XRT, run-list setup). FITTED by hand to the
     # intercept of latency vs bytes over the four eltwise_add rows N=1M..8M of npu2_kernel_measurements.json
-    # (latency ~= 86 us + bytes / 70.7 GB/s); consistent with "tiny launches floored at ~80-115 us" there and
-    # with empty/trivial XRT kernels at 45-60 us plus a harness (xdna2.md: mlir-aie #2381, XRT #9018).
-    dispatch_overhead_s: float = 86e-6
+    # (latency ~= 86 us + bytes / 70.7 GB/s, i.e. 78.5 us + 8 tiles x tile_config_s); consistent with "tiny
+    # launches floored at ~80-115 us" there and with empty/trivial XRT kernels at 45-60 us plus a harness
+    # (xdna2.md: mlir-aie #2381, XRT #9018).
+    dispatch_overhead_s: float = 78.5e-6
+    # Configuring one tile for a launch (core program, BDs, locks, switch routes), per compute tile with a worker
+    # and per memory tile with a link. ESTIMATE from the two launch floors of npu2_kernel_measurements.json:
+    # GEMM (32 workers + 8 mem tiles) floors at ~116 us, eltwise (8 workers) at ~86 us -> (116-86)/32 ~ 0.94 us.
+    tile_config_s: float = 0.94e-6
     # Extra cost of each launch after the first inside one multi-launch dispatch (reconfigure cores, BDs,
     # switches). ESTIMATE from AIR's decode layer (xdna2.md): o_gemv_ffn = 3.6 ms for 8 fused launches whose
     # kernels' own time adds up to ~3.2 ms -> ~50 us per launch.

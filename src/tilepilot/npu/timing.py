@@ -27,7 +27,8 @@ Per design (cycles)::
                  DDR bytes (read + write) / usable DDR bandwidth)
     design = fill + steady + drain + (task groups - 1) * (fill + drain)
 
-Per dispatch: ``dispatch_overhead + sum(designs) + (launches - 1) * launch_in_group``.
+Per dispatch: ``dispatch_overhead + sum(tiles configured * tile_config + design) + (launches - 1) *
+launch_in_group``, where a design configures one tile per worker and one per memory tile holding links.
 
 Results are memoized on a design's structure (fifos, links, workers, runtime tasks, device, family), so a
 full model whose layers repeat the same designs times in milliseconds.
@@ -128,7 +129,7 @@ class GroupTiming:
     name: str
     seconds: float
     dispatch_overhead_s: float
-    launch_overhead_s: float  # sum of the per-launch costs after the first
+    launch_overhead_s: float  # launches after the first + configuring every launch's tiles
     designs: tuple[DesignTiming, ...]
     clock: str = "modeled"
 
@@ -254,9 +255,16 @@ def time_group(group: MultiLaunchGroup | Design | Sequence[Design], cal: Calibra
     if not designs:
         raise InputError(f"Dispatch {name!r} holds no launches; give it at least one design.")
     timings = tuple(time_design(d, cal) for d in designs)
-    extra = (len(timings) - 1) * cal.launch_in_group_s
+    config = sum(tiles_configured(d) for d in designs) * cal.tile_config_s
+    extra = (len(timings) - 1) * cal.launch_in_group_s + config
     seconds = cal.dispatch_overhead_s + extra + sum(t.seconds for t in timings)
     return GroupTiming(name, seconds, cal.dispatch_overhead_s, extra, timings)
+
+
+def tiles_configured(design: Design) -> int:
+    """Tiles a launch must configure: one per worker, one per memory tile holding links (unplaced links: one each)."""
+    mem = {lk.placement if lk.placement is not None else lk.name for lk in design.links}
+    return len(design.workers) + len(mem)
 
 
 def time_dispatch(design: Design, cal: Calibration = CALIBRATION) -> GroupTiming:
