@@ -92,6 +92,8 @@ class Calibration:
     host_copy_bytes_per_s: float = 8.1e9
     # Fixed cost of one buffer sync (XRT bo.sync ioctl + bookkeeping). ESTIMATE.
     host_sync_fixed_s: float = 20e-6
+    # Allocating and mapping one device buffer (XRT bo constructor) when buffers are not reused. ESTIMATE.
+    host_alloc_s: float = 50e-6
     # For plans timed analytically (nothing run): a CPU fallback's time is estimated from the bytes it streams.
     # FITTED to the paper's LM head on the CPU, 258 ms for 525 MB of bf16 weights (xdna2.md) -> ~2.0 GB/s.
     # When a CPU op really runs, its measured time is used instead (HostCost.cpu_fallback_s).

@@ -516,6 +516,15 @@ class HostCost:
             raise InputError(f"A buffer sync of {nbytes} bytes is impossible; pass a byte count >= 0.")
         return self.cal.host_sync_fixed_s + nbytes / self.cal.host_copy_bytes_per_s
 
+    @property
+    def sync_fixed_s(self) -> float:
+        """The fixed part of a sync alone: what a zero-copy buffer pays (cache maintenance, no copy)."""
+        return self.cal.host_sync_fixed_s
+
+    def alloc_s(self) -> float:
+        """Allocating and mapping one device buffer (paid per dispatch when buffers are not reused)."""
+        return self.cal.host_alloc_s
+
     def syncs_s(self, sizes: Sequence[int]) -> float:
         """Several buffer syncs, one fixed cost each."""
         return sum(self.sync_s(n) for n in sizes)
