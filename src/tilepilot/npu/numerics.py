@@ -10,11 +10,21 @@ it to that on tie cases).
 
 Block-FP16 (AIE ``bfp16ebs8``) as modeled here. ASSUMPTIONS, since AMD does not document the conversion
 bit for bit: a block is 8 consecutive values along the reduction axis sharing one 8-bit exponent; each
-value keeps a sign and a 7-bit magnitude mantissa (no implicit leading one), so value =
-sign * m * 2**(e_shared - 6), m in 0..127, with e_shared = max exponent in the block (frexp convention
-value = f * 2**e, 0.5 <= |f| < 1, plus one so the largest magnitude fits below 128). Mantissas are
-rounded to nearest even and saturate at 127; a block of zeros stays zero. Elements much smaller than
-the block maximum lose precision or flush to zero, which is the accuracy cost the gates judge.
+value keeps a sign and a 7-bit magnitude mantissa without implicit leading one, so
+value = sign * m * 2**(E - 7), m in 0..127, where E is the frexp exponent of the block's largest
+magnitude (amax = f * 2**E with 0.5 <= f < 1, hence amax / 2**(E - 7) < 128). Mantissas are rounded
+to nearest even and saturate at 127 (a value that rounds up to 128 keeps the block exponent rather than
+bumping it); a block of zeros stays zero; the 8-bit exponent range is not clamped (LLM activations
+never get near it). Elements much smaller than the block maximum lose precision or flush to zero,
+which is the accuracy cost the gates judge. Every bfp16 value has at most 7 significant bits, so it is
+exactly representable in bf16 and products of two of them are exact in fp32.
+
+Exact partial sums. One kernel call reduces a K chunk: its products are exact in fp32 (bf16 x bf16 has
+at most 16 significant bits) and are summed in fp64, then rounded once to fp32. The fp64 sum is exact,
+hence independent of summation order, whenever the products of one output element span fewer than
+about 53 - 16 - log2(k_chunk) binary orders of magnitude, which holds for any data an LLM produces;
+this is what makes the tile path and the exact fast path agree bit for bit even though they block the
+fp64 matmul differently. Chunk partials are then added to the accumulator in K order.
 """
 
 from __future__ import annotations
@@ -77,3 +87,105 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float64:
         x = x.to(torch.float32)
     return x.to(torch.bfloat16)
+
+
+def _check_bf16(name: str, x: torch.Tensor) -> None:
+    if x.dtype != torch.bfloat16:
+        raise ConfigError(f"{name} must be a bf16 tensor (DDR storage format), got {x.dtype}; convert it first.")
+
+
+def quantize_bfp16(x: torch.Tensor, axis: int = -1) -> torch.Tensor:
+    """Quantize to block-FP16 along ``axis`` (blocks of 8 consecutive values); returns values in x's dtype.
+
+    The result holds the dequantized values (exactly representable in bf16), which is what the MMUL
+    multiplies; storage size of the blocked format is the design IR's business (9 bytes per 8 values).
+    """
+    n = x.shape[axis]
+    if n % BFP16_BLOCK:
+        raise ConfigError(f"bfp16 blocks need the quantized axis to be a multiple of 8, got {n}; pad the tensor.")
+    moved = x.movedim(axis, -1).to(torch.float32)
+    blocks = moved.reshape(*moved.shape[:-1], n // BFP16_BLOCK, BFP16_BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    _, exp = torch.frexp(amax)
+    quantum = torch.ldexp(torch.ones_like(amax), exp - BFP16_MANTISSA_BITS)
+    limit = float(2**BFP16_MANTISSA_BITS - 1)
+    mant = torch.clamp(torch.round(blocks / quantum), -limit, limit)  # torch.round is half-to-even
+    out = (mant * quantum).reshape(moved.shape).movedim(-1, axis)
+    return out.to(x.dtype)
+
+
+def chunk_partial(a: torch.Tensor, w: torch.Tensor, operands: str = "bf16") -> torch.Tensor:
+    """fp32 partial sum of one K chunk: a[..., k] . w[n, k] summed exactly over k, rounded once to fp32.
+
+    ``w`` is in Hugging Face [out, in] orientation; no transpose is materialised on the host.
+    """
+    if operands == "bfp16":
+        a, w = quantize_bfp16(a, -1), quantize_bfp16(w, -1)
+    elif operands != "bf16":
+        raise ConfigError(f"Unknown operand format {operands!r}; use one of {OPERAND_FORMATS}.")
+    return torch.matmul(a.to(torch.float64), w.to(torch.float64).transpose(-1, -2)).to(torch.float32)
+
+
+def accumulate(acc: torch.Tensor, partial: torch.Tensor, mode: str = "fp32") -> torch.Tensor:
+    """Add one chunk's fp32 partial to the running sum; 'bf16' mode rounds the new sum to bf16 (RNE)."""
+    if mode == "fp32":
+        return acc.to(torch.float32) + partial
+    if mode == "bf16":
+        return round_bf16(acc.to(torch.float32) + partial)
+    raise ConfigError(f"Unknown accumulator {mode!r}; use one of {ACCUMULATORS}.")
+
+
+def finish(acc: torch.Tensor, output: str = "bf16") -> torch.Tensor:
+    """The output rounding point: the accumulator converted to the output dtype (RNE for bf16)."""
+    return round_bf16(acc) if output == "bf16" else acc.to(torch.float32)
+
+
+def matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    acc: str = "fp32",
+    k_chunk: int | None = None,
+    operands: str = "bf16",
+    output: str = "bf16",
+    exact: bool = True,
+) -> torch.Tensor:
+    """C = x @ w^T with a design's numerics; x [..., K] and w [N, K] in bf16.
+
+    exact=True reproduces the tile path bit for bit (chunk partials summed exactly, accumulated in K order).
+    exact=False is the production path for big shapes: with an fp32 accumulator it is one
+    ``torch.nn.functional.linear`` on bf16 (fp32 accumulation in the host's order, one rounding), which
+    differs from the exact path by at most one bf16 ulp on a small fraction of elements (tested); with a
+    bf16 accumulator it loops over K chunks with fp32 matmuls and rounds every partial sum, like the tile.
+    """
+    _check_bf16("x", x)
+    _check_bf16("w", w)
+    k = x.shape[-1]
+    if w.shape[-1] != k:
+        raise ConfigError(
+            f"matmul needs x [..., K] and w [N, K] with equal K, got {tuple(x.shape)} and {tuple(w.shape)}."
+        )
+    chunk = k_chunk or k
+    if k % chunk:
+        raise ConfigError(f"K = {k} is not a multiple of k_chunk = {chunk}; pad K or pick a dividing chunk.")
+    if operands == "bfp16":
+        if chunk % BFP16_BLOCK:
+            raise ConfigError(f"bfp16 operands need k_chunk to be a multiple of 8, got {chunk}; pick another tile K.")
+        x, w = quantize_bfp16(x, -1), quantize_bfp16(w, -1)
+        operands = "bf16"  # blocks of 8 never straddle a chunk boundary (chunk % 8 == 0), so quantize once
+    if not exact and acc == "fp32":
+        out = torch.nn.functional.linear(x, w)
+        return out if output == "bf16" else out.to(torch.float32)
+    total = torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.float32 if acc == "fp32" else torch.bfloat16)
+    for k0 in range(0, k, chunk):
+        xs, ws = x[..., k0 : k0 + chunk], w[:, k0 : k0 + chunk]
+        if exact:
+            partial = chunk_partial(xs, ws, operands)
+        else:
+            partial = torch.nn.functional.linear(xs.to(torch.float32), ws.to(torch.float32))
+        total = accumulate(total, partial, acc)
+    return finish(total, output)
+
+
+def apply_fp32(fn, *xs: torch.Tensor, output: str = "bf16") -> torch.Tensor:
+    """Evaluate a non-linear function in fp32 on (bf16) inputs and round once at the design's output point."""
+    return finish(fn(*(x.to(torch.float32) for x in xs)), output)

@@ -1,0 +1,195 @@
+"""Elementwise add (the residual) and multiply on bf16, streamed from DDR through ``tiles`` compute tiles.
+
+The flat tensor of ``n`` elements is cut into ``tiles`` contiguous slices, one per worker; each worker
+streams its slice in ``chunk``-element objects: two input fifos from a shim and one output fifo back to a
+shim, i.e. three DDR streams per tile. Workers go one per column first (tile i on column i % columns),
+so up to 8 tiles each get their own shim; a 9th tile needs more shim MM2S channels than npu2 has and
+the validator says so (the limit the paper's authors hit). Each tile needs 3 fifos x depth x chunk x 2 B
+of L1: chunk 4096 with double buffering fits 64 KiB, 8192 does not.
+
+Numerics: both operands are upcast to fp32, combined, rounded once to bf16 (RNE); the fast path does
+the same at tensor level, so exact and production paths coincide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import Design, ObjectFifo, Runtime, TensorSpec, Tile, TileKernel, Worker
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, Device, npu2
+from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, Violation, legal_taps
+
+FAMILY = "eltwise"
+OPS = {"add": torch.add, "mul": torch.mul}
+VARIANTS = ("vector", "scalar")
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int  # elements of the flat tensors
+    op: str = "add"
+
+
+@dataclass(frozen=True)
+class Config:
+    tiles: int = 8
+    chunk: int = 2048
+    depth: int = 2
+    variant: str = "vector"
+    pad: bool = False
+
+
+def _err(message: str) -> DesignError:
+    return DesignError([Violation("SHAPE_NOT_TILING", None, message)], "eltwise")
+
+
+def padded_n(shape: Shape, config: Config) -> int:
+    block = config.tiles * config.chunk
+    return -(-shape.n // block) * block
+
+
+def l1_bytes(config: Config) -> int:
+    return 3 * config.depth * config.chunk * 2 + CORE_STACK_BYTES
+
+
+def tile_of(i: int, device: Device) -> Tile:
+    """Worker i's tile: one per column first, then the next row."""
+    return Tile(i % device.columns, FIRST_COMPUTE_ROW + i // device.columns)
+
+
+def _kernel(shape: Shape, config: Config) -> TileKernel:
+    fn_op = OPS[shape.op]
+
+    def eltwise_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        outs[0].copy_(nx.apply_fp32(fn_op, ins[0], ins[1]))
+
+    return TileKernel(
+        name=f"{shape.op}_{config.variant}_{config.chunk}",
+        fn=eltwise_tile,
+        variant=config.variant,
+        vector_ops_per_call=config.chunk,
+        bytes_per_call=3 * 2 * config.chunk,
+        params={"op": shape.op, "chunk": config.chunk},
+    )
+
+
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = config or default_config(shape, device)
+    if shape.op not in OPS:
+        raise _err(f"op {shape.op!r} is not elementwise here; use one of {sorted(OPS)}")
+    if config.variant not in VARIANTS:
+        raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if config.tiles < 1 or config.tiles > device.n_compute_tiles or config.chunk < 2 or config.chunk % 2:
+        raise _err(f"{config.tiles} tiles of {config.chunk}-element chunks cannot run on {device.name}")
+    n = padded_n(shape, config)
+    if n != shape.n and not config.pad:
+        raise _err(f"n={shape.n} is not a multiple of tiles x chunk = {config.tiles * config.chunk}; set pad=True")
+    per_tile = n // config.tiles
+    kernel = _kernel(shape, config)
+    fifos, workers, rt = [], [], Runtime()
+    for i in range(config.tiles):
+        a, b, c = f"a_{i}", f"b_{i}", f"c_{i}"
+        fifos += [ObjectFifo(x, (config.chunk,), "bf16", config.depth) for x in (a, b, c)]
+        workers.append(
+            Worker(
+                f"{shape.op}_{i}",
+                kernel,
+                (a, b),
+                (c,),
+                iterations=per_tile // config.chunk,
+                placement=tile_of(i, device),
+            )
+        )
+        for fifo, tensor, kind in ((a, "a", "fill"), (b, "b", "fill"), (c, "c", "drain")):
+            for tap in legal_taps((n,), i * per_tile, [per_tile], [1]):
+                (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap)
+    design = Design(
+        name=f"{shape.op}_{shape.n}",
+        device=device,
+        inputs=[TensorSpec("a", (n,)), TensorSpec("b", (n,))],
+        outputs=[TensorSpec("c", (n,))],
+        fifos=fifos,
+        workers=workers,
+        runtime=rt,
+        numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("compute:fp32", "output:bf16")),
+        fast=_fast(shape),
+    )
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "logical_shape": asdict(shape),
+        "padded_shape": {"n": n, "op": shape.op},
+        "macs": 0,
+        "elements": n,
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+    }
+    return design
+
+
+def _fast(shape: Shape):
+    fn_op = OPS[shape.op]
+
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        return {"c": nx.apply_fp32(fn_op, inputs["a"], inputs["b"])}
+
+    return fast
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 result of the shape's op (add by default) on the bf16 inputs, without rounding."""
+    op = shape.op if shape is not None else "add"
+    return {"c": OPS[op](inputs["a"].to(torch.float32), inputs["b"].to(torch.float32))}
+
+
+def prepare_inputs(design: Design, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Flatten and zero-pad a and b to the design's length."""
+    n = design.tensor("a").shape[0]
+    return {"a": _pad(a.reshape(-1), n), "b": _pad(b.reshape(-1), n)}
+
+
+def crop_outputs(design: Design, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"c": outputs["c"][: design.meta["logical_shape"]["n"]]}
+
+
+def _pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    t = t.to(torch.bfloat16)
+    if t.numel() == n:
+        return t
+    out = torch.zeros(n, dtype=torch.bfloat16)
+    out[: t.numel()] = t
+    return out
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """More tiles (up to the 8 the shims can feed) and bigger chunks first; unpadded before padded."""
+    device = device or npu2()
+    out: list[tuple[tuple, Config]] = []
+    for tiles in (8, 4, 2, 1, 16):
+        if tiles > device.n_compute_tiles:
+            continue
+        for chunk in (4096, 2048, 1024, 512, 256, 64):
+            for variant in VARIANTS:
+                cfg = Config(tiles, chunk, 2, variant)
+                if l1_bytes(cfg) > device.compute.memory_bytes:
+                    continue
+                n = padded_n(shape, cfg)
+                if n > 2 * shape.n:
+                    continue
+                if n != shape.n:
+                    cfg = Config(tiles, chunk, 2, variant, pad=True)
+                out.append(((n != shape.n, n, variant != "vector", tiles > device.columns, -tiles, -chunk), cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    cands = candidate_configs(shape, device)
+    if not cands:
+        return Config(tiles=1, chunk=2, pad=True)
+    return cands[0]

@@ -1,0 +1,337 @@
+"""GEMM: C[M, N] = A[M, K] @ W[N, K]^T on the whole array, as IRON's whole-array matmul lays it out.
+
+Weights stay in Hugging Face [out, in] layout: a W tile is (tile_n, tile_k) and the kernel multiplies
+A_tile @ W_tile^T, so no host transpose is ever needed.
+
+Dataflow (rows <= 4 x cols <= 8 compute tiles, worker (r, c) on tile (c, 2 + r)):
+- A enters through ``n_a = largest divisor of rows <= cols`` shim/memory-tile pairs; each memory tile
+  splits a (rows_per_link * tile_m, tile_k) object into one (tile_m, tile_k) object per row, and that row
+  fifo is broadcast to every worker of the row.
+- W enters per column through the column's memory tile (forward) and is broadcast down the column.
+- each worker's C tile goes to its column's memory tile, where the rows are joined into one
+  (rows * tile_m, tile_n) object drained through the column's shim.
+Worker (r, c) computes C tiles (mb * rows + r, nb * cols + c) for mb over M blocks, nb over N blocks;
+per C tile it holds C and streams K / tile_k pairs of A and W tiles (one kernel call each).
+
+Numerics: bf16 operands (or block-FP16 for variant "bfp16"), exact per-call partial sums, accumulated
+in an fp32 scratch accumulator and rounded once (acc="fp32"), or accumulated in the bf16 C buffer and so
+rounded after every K chunk (acc="bf16", what a kernel accumulating in its output buffer does).
+Production fast path (exact=False): one ``torch.nn.functional.linear`` on bf16 for acc="fp32" (at most
+one bf16 ulp from the exact path on a small fraction of elements, see tests), a K-chunk loop otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, forward, join, split
+from tilepilot.npu.design import ObjectFifo as Fifo
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, Violation, legal_taps
+
+FAMILY = "gemm"
+VARIANTS = ("vector", "scalar", "bfp16")
+# MMUL granularity per variant: (m, k, n) a tile must be a multiple of. bf16 4x8x8 and bfp16 8x8x8 from
+# mlir-aie python/iron/kernels/linalg.py _MM_MAC_DIMS["aie2p"]; the scalar kernel only needs whole 32-bit words.
+MMUL_DIMS = {"vector": (4, 8, 8), "bfp16": (8, 8, 8), "scalar": (1, 2, 2)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Config:
+    rows: int = 4
+    cols: int = 8
+    tile_m: int = 64
+    tile_k: int = 32
+    tile_n: int = 64
+    variant: str = "vector"
+    acc: str = "fp32"
+    depth: int = 2
+    pad: bool = False
+
+
+def _err(message: str) -> DesignError:
+    return DesignError([Violation("SHAPE_NOT_TILING", None, message)], "gemm")
+
+
+def padded_shape(shape: Shape, config: Config) -> Shape:
+    """The shape the design computes: M, N, K rounded up to whole array blocks (rows*tile_m, cols*tile_n, tile_k)."""
+
+    def up(x: int, b: int) -> int:
+        return -(-x // b) * b
+
+    return Shape(
+        up(shape.m, config.rows * config.tile_m), up(shape.n, config.cols * config.tile_n), up(shape.k, config.tile_k)
+    )
+
+
+def l1_bytes(config: Config) -> int:
+    """Compute-tile memory one worker needs: A, W, C fifos x depth + fp32 accumulator + stack."""
+    tm, tk, tn = config.tile_m, config.tile_k, config.tile_n
+    fifos = config.depth * 2 * (tm * tk + tn * tk + tm * tn)
+    return fifos + (4 * tm * tn if config.acc == "fp32" else 0) + CORE_STACK_BYTES
+
+
+def _check_config(shape: Shape, config: Config, device: Device) -> None:
+    if config.variant not in VARIANTS:
+        raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if config.acc not in nx.ACCUMULATORS:
+        raise _err(f"accumulator {config.acc!r} is unknown; use one of {nx.ACCUMULATORS}")
+    if not 1 <= config.rows <= min(4, device.compute_rows) or not 1 <= config.cols <= device.columns:
+        raise _err(
+            f"{config.rows} x {config.cols} tiles do not fit {device.name}; use rows <= 4 and cols <= {device.columns}"
+        )
+    gm, gk, gn = MMUL_DIMS[config.variant]
+    if (
+        config.tile_m % gm
+        or config.tile_k % gk
+        or config.tile_n % gn
+        or min(config.tile_m, config.tile_k, config.tile_n) < 1
+    ):
+        raise _err(
+            f"tile {config.tile_m}x{config.tile_k}x{config.tile_n} is not a multiple of the {config.variant} "
+            f"kernel's {gm}x{gk}x{gn} granularity"
+        )
+    if min(shape.m, shape.n, shape.k) < 1:
+        raise _err(f"shape {shape} has an empty dimension")
+    if not config.pad and padded_shape(shape, config) != shape:
+        raise _err(
+            f"M={shape.m}, N={shape.n}, K={shape.k} do not tile into blocks of {config.rows}x{config.tile_m}, "
+            f"{config.cols}x{config.tile_n}, {config.tile_k}; pick another config or set pad=True"
+        )
+
+
+def _numerics(config: Config) -> nx.Numerics:
+    operands = "bfp16" if config.variant == "bfp16" else "bf16"
+    points = ("operands:bfp16",) if operands == "bfp16" else ()
+    points += ("partial_sum:bf16",) if config.acc == "bf16" else ("accumulate:fp32",)
+    return nx.Numerics(operands, config.acc, config.tile_k, "bf16", points + ("output:bf16",))
+
+
+def _kernel(config: Config) -> TileKernel:
+    operands = "bfp16" if config.variant == "bfp16" else "bf16"
+    acc = config.acc
+
+    def matmul_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        a, w = ins
+        (c,) = outs
+        partial = nx.chunk_partial(a, w, operands)
+        if acc == "fp32":
+            if ctx.first:
+                ctx.scratch["acc"] = torch.zeros(c.shape, dtype=torch.float32)
+            ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], partial, "fp32")
+            if ctx.last:
+                c.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
+        else:
+            if ctx.first:
+                c.zero_()  # IRON's zero kernel before the K loop
+            c.copy_(nx.accumulate(c, partial, "bf16"))
+
+    tm, tk, tn = config.tile_m, config.tile_k, config.tile_n
+    return TileKernel(
+        name=f"matmul_{config.variant}_{acc}_{tm}x{tk}x{tn}",
+        fn=matmul_tile,
+        variant=config.variant,
+        macs_per_call=tm * tk * tn,
+        bytes_per_call=2 * (tm * tk + tn * tk + tm * tn) + (4 * tm * tn if acc == "fp32" else 0),
+        params={"tile_m": tm, "tile_k": tk, "tile_n": tn, "acc": acc},
+    )
+
+
+def _a_links(rows: int, cols: int) -> int:
+    return max(d for d in range(1, rows + 1) if rows % d == 0 and d <= cols)
+
+
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = config or default_config(shape, device)
+    _check_config(shape, config, device)
+    p = padded_shape(shape, config)
+    rows, cols, tm, tk, tn, depth = config.rows, config.cols, config.tile_m, config.tile_k, config.tile_n, config.depth
+    mb_count, nb_count, kt = p.m // (rows * tm), p.n // (cols * tn), p.k // tk
+    n_a = _a_links(rows, cols)
+    rpl = rows // n_a
+
+    fifos: list[Fifo] = []
+    links = []
+    for j in range(n_a):
+        fifos.append(Fifo(f"A_l2_{j}", (rpl * tm, tk), "bf16", depth, shim_placement=Tile(j, SHIM_ROW)))
+        dsts = [f"A_{j * rpl + i}" for i in range(rpl)]
+        for d in dsts:
+            fifos.append(Fifo(d, (tm, tk), "bf16", depth))
+        if rpl == 1:
+            links.append(forward(f"A_link_{j}", f"A_l2_{j}", dsts[0], Tile(j, MEM_ROW)))
+        else:
+            links.append(split(f"A_link_{j}", f"A_l2_{j}", dsts, [i * tm * tk for i in range(rpl)], Tile(j, MEM_ROW)))
+    for c in range(cols):
+        fifos.append(Fifo(f"W_l2_{c}", (tn, tk), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
+        fifos.append(Fifo(f"W_{c}", (tn, tk), "bf16", depth))
+        links.append(forward(f"W_link_{c}", f"W_l2_{c}", f"W_{c}", Tile(c, MEM_ROW)))
+        fifos.append(Fifo(f"C_l2_{c}", (rows * tm, tn), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
+        srcs = [f"C_{r}_{c}" for r in range(rows)]
+        for s in srcs:
+            fifos.append(Fifo(s, (tm, tn), "bf16", depth))
+        links.append(join(f"C_link_{c}", srcs, f"C_l2_{c}", [r * tm * tn for r in range(rows)], Tile(c, MEM_ROW)))
+
+    kernel = _kernel(config)
+    workers = [
+        Worker(
+            name=f"mm_{r}_{c}",
+            kernel=kernel,
+            inputs=(f"A_{r}", f"W_{c}"),
+            outputs=(f"C_{r}_{c}",),
+            iterations=mb_count * nb_count,
+            placement=Tile(c, FIRST_COMPUTE_ROW + r),
+            local_bytes=4 * tm * tn if config.acc == "fp32" else 0,
+            acquires={f"A_{r}": kt, f"W_{c}": kt, f"C_{r}_{c}": 1},
+            calls_per_iteration=kt,
+        )
+        for r in range(rows)
+        for c in range(cols)
+    ]
+    runtime = _runtime(p, config, n_a, rpl, device)
+    design = Design(
+        name=f"gemm_{shape.m}x{shape.n}x{shape.k}",
+        device=device,
+        inputs=[TensorSpec("a", (p.m, p.k)), TensorSpec("w", (p.n, p.k))],
+        outputs=[TensorSpec("c", (p.m, p.n))],
+        fifos=fifos,
+        links=links,
+        workers=workers,
+        runtime=runtime,
+        numerics=_numerics(config),
+        fast=_fast(config),
+    )
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "logical_shape": asdict(shape),
+        "padded_shape": asdict(p),
+        "macs": design.total_macs(),
+        "useful_macs": shape.m * shape.n * shape.k,
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+    }
+    return design
+
+
+def _runtime(p: Shape, config: Config, n_a: int, rpl: int, device: Device) -> Runtime:
+    """Fill/drain tasks in task groups of (M block, run of N blocks), each group small enough for the shim BDs."""
+    rows, cols, tm, tk, tn = config.rows, config.cols, config.tile_m, config.tile_k, config.tile_n
+    mb_count, nb_count, kt = p.m // (rows * tm), p.n // (cols * tn), p.k // tk
+
+    def chunk_tasks(mb: int, n0: int, n1: int) -> list[tuple[str, str, str, object, int]]:
+        nbs = n1 - n0
+        out = []
+        for j in range(n_a):
+            off = (mb * rows + j * rpl) * tm * p.k
+            for tap in legal_taps((p.m, p.k), off, [nbs, kt, rpl * tm, tk], [0, tk, p.k, 1]):
+                out.append(("fill", f"A_l2_{j}", "a", tap, j))
+        for c in range(cols):
+            off = (n0 * cols + c) * tn * p.k
+            for tap in legal_taps((p.n, p.k), off, [nbs, kt, tn, tk], [cols * tn * p.k, tk, p.k, 1]):
+                out.append(("fill", f"W_l2_{c}", "w", tap, c))
+            off = mb * rows * tm * p.n + (n0 * cols + c) * tn
+            for tap in legal_taps((p.m, p.n), off, [nbs, rows * tm, tn], [cols * tn, p.n, 1]):
+                out.append(("drain", f"C_l2_{c}", "c", tap, c))
+        return out
+
+    def fits(tasks) -> bool:
+        per_shim: dict[int, int] = {}
+        for *_, col in tasks:
+            per_shim[col] = per_shim.get(col, 0) + 1
+        return max(per_shim.values()) <= device.shim.bds
+
+    rt = Runtime()
+    group = 0
+    for mb in range(mb_count):
+        step = nb_count
+        while step > 1 and not fits(chunk_tasks(mb, 0, step)):
+            step = math.ceil(step / 2)
+        for n0 in range(0, nb_count, step):
+            for kind, fifo, tensor, tap, _ in chunk_tasks(mb, n0, min(n0 + step, nb_count)):
+                (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap, group)
+            group += 1
+    return rt
+
+
+def _fast(config: Config):
+    operands = "bfp16" if config.variant == "bfp16" else "bf16"
+
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        c = nx.matmul(inputs["a"], inputs["w"], acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
+        return {"c": c}
+
+    return fast
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 C = A @ W^T from the (bf16) inputs, no intermediate rounding."""
+    return {"c": inputs["a"].to(torch.float32) @ inputs["w"].to(torch.float32).T}
+
+
+def prepare_inputs(design: Design, a: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Zero-pad logical A [M, K] and W [N, K] (bf16) to the design's tensor shapes (zeros add nothing to sums)."""
+    a_spec, w_spec = design.tensor("a"), design.tensor("w")
+    return {"a": _pad(a, a_spec.shape), "w": _pad(w, w_spec.shape)}
+
+
+def crop_outputs(design: Design, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    s = design.meta["logical_shape"]
+    return {"c": outputs["c"][: s["m"], : s["n"]]}
+
+
+def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(t.shape) == shape:
+        return t.to(torch.bfloat16)
+    out = torch.zeros(shape, dtype=torch.bfloat16)
+    out[tuple(slice(0, s) for s in t.shape)] = t.to(torch.bfloat16)
+    return out
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """Configs worth trying, most promising first: more tiles, bigger tiles, no padding before padding."""
+    device = device or npu2()
+    budget = device.compute.memory_bytes
+    out: list[tuple[tuple, Config]] = []
+    for rows in (4, 2, 1):
+        for cols in (8, 4, 2, 1):
+            if rows > device.compute_rows or cols > device.columns:
+                continue
+            for tm in (64, 32, 16, 8, 4):
+                for tk in (64, 32, 16, 8):
+                    for tn in (64, 32, 16, 8):
+                        for variant, acc in (("vector", "fp32"), ("vector", "bf16"), ("bfp16", "fp32")):
+                            cfg = Config(rows, cols, tm, tk, tn, variant, acc)
+                            gm, gk, gn = MMUL_DIMS[variant]
+                            if tm % gm or tk % gk or tn % gn or l1_bytes(cfg) > budget:
+                                continue
+                            p = padded_shape(shape, cfg)
+                            waste = p.m * p.n * p.k / (shape.m * shape.n * shape.k)
+                            if waste > 1.0:
+                                cfg = Config(rows, cols, tm, tk, tn, variant, acc, pad=True)
+                            if waste > 4.0:
+                                continue
+                            rank = (round(waste, 3), variant != "vector", acc != "fp32", -rows * cols, -tm * tn, -tk)
+                            out.append((rank, cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    """The best-ranked candidate: vector kernel, fp32 accumulation, the least padding, then the most tiles."""
+    cands = candidate_configs(shape, device)
+    if not cands:
+        raise _err(f"no GEMM tiling fits {shape}; the shape is too small or too oddly sized for any candidate")
+    return cands[0]

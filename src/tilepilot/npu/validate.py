@@ -1,0 +1,690 @@
+"""Design validator: every hardware rule a real XDNA2 design must obey, each failure a stable code.
+
+A design that breaks a rule is an error, never a silent slowdown. ``validate(design)`` returns every
+violation found; ``check(design)`` raises ``DesignError`` listing them and returns the placed design.
+
+Resource accounting is a MODEL of how mlir-aie lowers object fifos (ObjectFifoStatefulTransform) as far
+as we can tell from its source and tests; it is conservative where unsure. The rules:
+
+Compute tile (64 KiB data memory, 2 S2MM + 2 MM2S channels, 16 BDs, 16 locks):
+- a fifo end on the tile that goes through DMA allocates ``depth`` buffers of the object size there,
+  takes one channel (S2MM when the tile consumes, MM2S when it produces; a broadcast producer still uses
+  one MM2S, the stream switch fans out), ``depth`` BDs and 2 locks (AIE2 semaphore pair);
+- a fifo whose single consumer worker sits on an orthogonally adjacent compute tile of its producer
+  worker uses shared memory (mlir-aie AIE2TargetModel::isLegalMemAffinity: a core reaches its own,
+  west, north and south memories): ``depth`` buffers and 2 locks on the producer tile, no DMA at all;
+- the worker's declared ``local_bytes`` plus a 1 KiB core stack (mlir-aie default stack_size 0x400).
+Memory tile (512 KiB, 6 + 6 channels, 48 BDs, 64 locks), per link placed on it:
+- split: the source's buffers (``src.depth`` x source object) are the only storage (destinations are
+  views at offsets); 1 S2MM + one MM2S per destination; BDs = src.depth + sum of destination depths;
+  2 locks per fifo end. join: mirror image. forward: one fifo's buffers, 1 + 1 channels, 2 x depth BDs.
+Shim tile (2 + 2 channels assumed, 16 BDs): one MM2S per fifo it fills, one S2MM per fifo it drains;
+BDs = the most runtime tasks it runs at once (tasks of one task group), one BD per task.
+
+Access patterns (npu dma_memcpy_nd limits, mlir-aie AIEX verifier tests ``bad_ipu_nd_*``): at most 4
+dimensions; the three inner sizes in [1, 1023] with the innermost counted in 32-bit words; the
+outermost (4th, repeat) size in [1, 64]; strides in 32-bit words at most 1M (2**20), non-negative,
+only the repeat dimension may have stride 0; for sub-word dtypes the innermost stride must be 1 and
+innermost transfer and offset must be whole 32-bit words; every element inside the tensor.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tilepilot.errors import TilepilotError
+from tilepilot.npu.design import SHIM, Design, FifoLink, MultiLaunchGroup, ObjectFifo, TensorAccessPattern, Tile
+from tilepilot.npu.design import dtype_bytes as _dtype_bytes
+
+# --- limits with their sources ---------------------------------------------------------------------------------
+CORE_STACK_BYTES = 0x400  # mlir-aie aie.core default stack_size
+LOCKS_PER_FIFO_END = 2  # AIE2 object fifo lowering: one producer + one consumer semaphore lock per fifo end
+WORD_BYTES = 4  # shim/mem DMA address and length granularity (32-bit words)
+TAP_MAX_DIMS = 4  # IRON / npu dma_memcpy_nd: up to 4-D patterns
+TAP_MAX_SIZE = 1023  # mlir-aie: "Length 0 exceeds the [0:1023] range" (inner 3 dims; innermost in words)
+TAP_MAX_REPEAT = 64  # mlir-aie: "Length 3 exceeds the [1:64] range" (outermost dim)
+TAP_MAX_STRIDE_WORDS = 1 << 20  # mlir-aie: "Stride 1 exceeds the [1:1M] range"
+
+CODES = (
+    "UNKNOWN_REF",  # a worker, link or runtime task names a fifo or tensor the design lacks
+    "DUPLICATE_NAME",  # two fifos / workers / links / tensors share a name
+    "TENSOR_ROLE",  # a drain writes into a design input
+    "FIFO_NO_PRODUCER",
+    "FIFO_NO_CONSUMER",
+    "FIFO_MULTI_PRODUCER",  # an object fifo has exactly one producer
+    "FIFO_ENDPOINT_MISMATCH",  # declared producer/consumers differ from use
+    "FIFO_BALANCE",  # objects produced into a fifo != objects a consumer takes out (the array would hang)
+    "DTYPE_MISMATCH",
+    "LINK_SHAPE",  # split/join offsets or object sizes inconsistent
+    "SHAPE_NOT_TILING",  # a transfer or problem shape is not a whole number of objects / tiles
+    "TAP_LIMIT",
+    "PLACEMENT_MISSING",
+    "PLACEMENT_OFF_DEVICE",
+    "PLACEMENT_SHARED",
+    "L1_OVERFLOW",
+    "L2_OVERFLOW",
+    "DMA_CHANNELS",
+    "BD_LIMIT",
+    "LOCK_LIMIT",
+    "WORKER_PROGRAM",  # declarative summary the default program cannot run
+    "NUMERICS_MISMATCH",  # kernel variant and declared numerics disagree
+    "GROUP_BINDING",
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: a stable ``code``, the tile concerned (if any) and a sentence with the numbers."""
+
+    code: str
+    tile: Tile | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f" at tile {self.tile}" if self.tile is not None else ""
+        return f"{self.code}{where}: {self.message}"
+
+
+class DesignError(TilepilotError, ValueError):
+    """A design breaks hardware rules; ``violations`` lists every one with its code."""
+
+    def __init__(self, violations: list[Violation], design_name: str = "design") -> None:
+        self.violations = list(violations)
+        self.codes = sorted({v.code for v in self.violations})
+        first = self.violations[0] if self.violations else None
+        more = f" (and {len(self.violations) - 1} more: {', '.join(self.codes)})" if len(self.violations) > 1 else ""
+        super().__init__(
+            f"{design_name} is not a legal NPU design: {first}{more}; change the kernel config or tiling."
+            if first
+            else f"{design_name} is not a legal NPU design."
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Access patterns
+# ----------------------------------------------------------------------------------------------------------------------
+def tap_problems(tap: TensorAccessPattern, dtype: str = "bf16") -> list[str]:
+    """Why a pattern cannot be one shim/mem DMA BD (empty list = legal)."""
+    problems: list[str] = []
+    eb = _dtype_bytes(dtype)
+    n = len(tap.sizes)
+    if n == 0 or n > TAP_MAX_DIMS:
+        return [f"has {n} dimensions, the DMA supports 1 to {TAP_MAX_DIMS}"]
+    if any(s < 1 for s in tap.sizes):
+        return [f"has sizes {list(tap.sizes)}; every size must be at least 1"]
+    for pos in range(n):
+        size, stride = tap.sizes[pos], tap.strides[pos]
+        dim = n - 1 - pos  # 0 = innermost
+        if stride < 0:
+            problems.append(f"dimension {dim} has negative stride {stride}")
+            continue
+        if dim == 3:
+            if size > TAP_MAX_REPEAT:
+                problems.append(f"repeat dimension size {size} exceeds {TAP_MAX_REPEAT}")
+        elif dim == 0:
+            words = size * eb / WORD_BYTES
+            if eb < WORD_BYTES and size > 1 and stride != 1:
+                problems.append(f"innermost stride {stride} must be 1 for {dtype} data")
+            if words != int(words):
+                problems.append(f"innermost size {size} x {eb:g} B is not a whole number of 32-bit words")
+            elif words > TAP_MAX_SIZE:
+                problems.append(f"innermost size {size} ({int(words)} words) exceeds {TAP_MAX_SIZE} words")
+        else:
+            if size > TAP_MAX_SIZE:
+                problems.append(f"dimension {dim} size {size} exceeds {TAP_MAX_SIZE}")
+            if size > 1 and stride == 0:
+                problems.append(f"dimension {dim} has stride 0; only the repeat dimension may repeat data")
+        if size > 1 and dim > 0:
+            sw = stride * eb / WORD_BYTES
+            if sw != int(sw):
+                problems.append(f"dimension {dim} stride {stride} is not a whole number of 32-bit words")
+            elif sw > TAP_MAX_STRIDE_WORDS:
+                problems.append(f"dimension {dim} stride {int(sw)} words exceeds {TAP_MAX_STRIDE_WORDS}")
+    off_words = tap.offset * eb / WORD_BYTES
+    if off_words != int(off_words):
+        problems.append(f"offset {tap.offset} is not 32-bit word aligned")
+    lo, hi = tap.index_range()
+    if lo < 0 or hi >= tap.tensor_elements:
+        problems.append(f"reaches elements {lo}..{hi} of a tensor of {tap.tensor_elements} elements")
+    return problems
+
+
+def legal_taps(
+    tensor_shape: tuple[int, ...], offset: int, sizes: list[int], strides: list[int], dtype: str = "bf16"
+) -> list[TensorAccessPattern]:
+    """Express an arbitrary loop nest over a DDR tensor as consecutive hardware-legal patterns (same element order).
+
+    Unit dimensions are dropped, a long contiguous innermost run is folded into [rows, words<=1023] and a
+    too-long repeat dimension is chunked; if the nest still does not fit, its outermost dimension is peeled
+    into one pattern per index. Kernels use this so that they never hand the validator an illegal pattern
+    they could have split.
+    """
+    dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
+    if not dims:
+        dims = [(1, 1)]
+    # fold a long contiguous innermost run: size n, stride 1 -> (n / b, b) with b the largest legal divisor
+    s0, st0 = dims[-1]
+    max_inner = int(TAP_MAX_SIZE * WORD_BYTES / _dtype_bytes(dtype))
+    if st0 == 1 and s0 > max_inner:
+        b = next((d for d in range(max_inner, 0, -1) if s0 % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0), 0)
+        if b:
+            dims[-1:] = [(s0 // b, b), (b, 1)]
+    tap = TensorAccessPattern(tensor_shape, offset, tuple(d[0] for d in dims), tuple(d[1] for d in dims))
+    if not tap_problems(tap, dtype):
+        return [tap]
+    size, stride = dims[0]
+    rest = dims[1:]
+    if len(dims) == TAP_MAX_DIMS and size > TAP_MAX_REPEAT:
+        inner = TensorAccessPattern(tensor_shape, offset, tuple(d[0] for d in rest), tuple(d[1] for d in rest))
+        if not tap_problems(inner, dtype):
+            out: list[TensorAccessPattern] = []
+            for start in range(0, size, TAP_MAX_REPEAT):
+                chunk = min(TAP_MAX_REPEAT, size - start)
+                out += legal_taps(
+                    tensor_shape,
+                    offset + start * stride,
+                    [chunk] + [d[0] for d in rest],
+                    [stride] + [d[1] for d in rest],
+                    dtype,
+                )
+            return out
+    if not rest:
+        return [tap]  # a single dimension that cannot be fixed; the validator will report it
+    out = []
+    for i in range(size):
+        out += legal_taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Resource accounting
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TileUse:
+    """What a design asks of one tile, with the contributions that make up the memory figure."""
+
+    memory: int = 0
+    s2mm: int = 0
+    mm2s: int = 0
+    bds: int = 0
+    locks: int = 0
+    parts: list[str] = field(default_factory=list)
+
+    def add_memory(self, nbytes: int, what: str) -> None:
+        self.memory += nbytes
+        self.parts.append(f"{what} {nbytes} B")
+
+
+def shares_memory(a: Tile | None, b: Tile | None) -> bool:
+    """Two compute tiles whose cores reach each other's memory (AIE2: orthogonal neighbours)."""
+    return a is not None and b is not None and abs(a.col - b.col) + abs(a.row - b.row) == 1
+
+
+def uses_shared_memory(design: Design, fifo: ObjectFifo) -> bool:
+    prods, cons = design.producers(fifo.name), design.consumers(fifo.name)
+    if len(prods) != 1 or len(cons) != 1 or prods[0].kind != "worker" or cons[0].kind != "worker":
+        return False
+    return shares_memory(design.worker(prods[0].name).placement, design.worker(cons[0].name).placement)
+
+
+def link_cost(design: Design, link: FifoLink) -> TileUse:
+    """Memory-tile resources one link takes (see module docstring)."""
+    use = TileUse()
+    srcs = [design.fifo(f) for f in link.srcs]
+    dsts = [design.fifo(f) for f in link.dsts]
+    store = srcs[0] if link.kind in ("split", "forward") else dsts[0]
+    use.add_memory(store.buffer_bytes, f"link {link.name} buffers ({store.depth} x {store.obj_bytes} B)")
+    use.s2mm, use.mm2s = len(srcs), len(dsts)
+    use.bds = sum(f.depth for f in srcs + dsts)
+    use.locks = LOCKS_PER_FIFO_END * (len(srcs) + len(dsts))
+    return use
+
+
+def resource_use(design: Design) -> dict[Tile, TileUse]:
+    """Per-tile resource demand of a placed design (unplaced endpoints are skipped)."""
+    use: dict[Tile, TileUse] = defaultdict(TileUse)
+    for w in design.workers:
+        if w.placement is None:
+            continue
+        u = use[w.placement]
+        u.add_memory(CORE_STACK_BYTES, "stack")
+        if w.local_bytes:
+            u.add_memory(w.local_bytes, f"{w.name} locals")
+    for f in design.fifos:
+        if uses_shared_memory(design, f):
+            tile = design.worker(design.producers(f.name)[0].name).placement
+            use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} (shared, {f.depth} x {f.obj_bytes} B)")
+            use[tile].locks += LOCKS_PER_FIFO_END
+            continue
+        for end in design.producers(f.name):
+            tile = design.endpoint_tile(end, f.name)
+            if tile is None:
+                continue
+            if end.kind == "worker":
+                use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} out ({f.depth} x {f.obj_bytes} B)")
+                use[tile].mm2s += 1
+                use[tile].bds += f.depth
+                use[tile].locks += LOCKS_PER_FIFO_END
+            elif end.kind == "shim":
+                use[tile].mm2s += 1
+        for end in design.consumers(f.name):
+            tile = design.endpoint_tile(end, f.name)
+            if tile is None:
+                continue
+            if end.kind == "worker":
+                use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} in ({f.depth} x {f.obj_bytes} B)")
+                use[tile].s2mm += 1
+                use[tile].bds += f.depth
+                use[tile].locks += LOCKS_PER_FIFO_END
+            elif end.kind == "shim":
+                use[tile].s2mm += 1
+    for lk in design.links:
+        if lk.placement is None:
+            continue
+        c = link_cost(design, lk)
+        u = use[lk.placement]
+        for p in c.parts:
+            u.parts.append(p)
+        u.memory += c.memory
+        u.s2mm += c.s2mm
+        u.mm2s += c.mm2s
+        u.bds += c.bds
+        u.locks += c.locks
+    for group in design.runtime.groups():
+        per_shim: dict[Tile, int] = defaultdict(int)
+        for t in group:
+            tile = design.fifo(t.fifo).shim_placement
+            if tile is not None:
+                per_shim[tile] += 1
+        for tile, n in per_shim.items():
+            use[tile].bds = max(use[tile].bds, n)
+    return dict(use)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The checks
+# ----------------------------------------------------------------------------------------------------------------------
+def _names(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    for kind, names in (
+        ("fifo", [f.name for f in design.fifos]),
+        ("worker", [w.name for w in design.workers]),
+        ("link", [lk.name for lk in design.links]),
+        ("tensor", [t.name for t in design.inputs + design.outputs]),
+    ):
+        for n in sorted({n for n in names if names.count(n) > 1}):
+            out.append(Violation("DUPLICATE_NAME", None, f"{kind} name {n!r} is used more than once"))
+    fifos = {f.name for f in design.fifos}
+    tensors = {t.name for t in design.inputs + design.outputs}
+    for w in design.workers:
+        for f in w.fifos:
+            if f not in fifos:
+                out.append(Violation("UNKNOWN_REF", w.placement, f"worker {w.name} uses fifo {f!r} the design lacks"))
+        for f in w.acquires:
+            if f not in w.fifos:
+                out.append(
+                    Violation("UNKNOWN_REF", w.placement, f"worker {w.name} counts acquires of {f!r}, not its fifo")
+                )
+    for lk in design.links:
+        for f in lk.fifos:
+            if f not in fifos:
+                out.append(Violation("UNKNOWN_REF", lk.placement, f"link {lk.name} uses fifo {f!r} the design lacks"))
+    for t in design.runtime.tasks:
+        if t.fifo not in fifos:
+            out.append(Violation("UNKNOWN_REF", None, f"runtime {t.kind} uses fifo {t.fifo!r} the design lacks"))
+        if t.tensor not in tensors:
+            out.append(Violation("UNKNOWN_REF", None, f"runtime {t.kind} uses tensor {t.tensor!r} the design lacks"))
+    return out
+
+
+def _endpoints(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    for f in design.fifos:
+        prods, cons = design.producers(f.name), design.consumers(f.name)
+        if not prods:
+            out.append(Violation("FIFO_NO_PRODUCER", None, f"fifo {f.name} has no producer; nothing ever fills it"))
+        elif len(prods) > 1:
+            out.append(
+                Violation(
+                    "FIFO_MULTI_PRODUCER", None, f"fifo {f.name} has producers {[str(p) for p in prods]}; one only"
+                )
+            )
+        if not cons:
+            out.append(
+                Violation("FIFO_NO_CONSUMER", None, f"fifo {f.name} has no consumer; its objects are never read")
+            )
+        if f.producer is not None and prods and f.producer not in prods:
+            out.append(
+                Violation(
+                    "FIFO_ENDPOINT_MISMATCH",
+                    None,
+                    f"fifo {f.name} declares producer {f.producer} but is fed by {[str(p) for p in prods]}",
+                )
+            )
+        if f.consumers and set(f.consumers) != set(cons):
+            out.append(
+                Violation(
+                    "FIFO_ENDPOINT_MISMATCH",
+                    None,
+                    f"fifo {f.name} declares consumers "
+                    f"{[str(c) for c in f.consumers]} but is read by {[str(c) for c in cons]}",
+                )
+            )
+    return out
+
+
+def _runtime(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    outputs = {t.name for t in design.outputs}
+    for t in design.runtime.tasks:
+        f, spec = design.fifo(t.fifo), design.tensor(t.tensor)
+        where = f"runtime {t.kind} {t.tensor} <-> fifo {t.fifo}"
+        if t.kind == "drain" and t.tensor not in outputs:
+            out.append(Violation("TENSOR_ROLE", None, f"{where} writes into {t.tensor}, which is not a design output"))
+        if spec.dtype != f.dtype:
+            out.append(Violation("DTYPE_MISMATCH", None, f"{where}: tensor is {spec.dtype}, fifo is {f.dtype}"))
+        if t.tap.tensor_shape != spec.shape:
+            out.append(
+                Violation(
+                    "TAP_LIMIT", None, f"{where}: pattern is for shape {t.tap.tensor_shape}, tensor is {spec.shape}"
+                )
+            )
+        for p in tap_problems(t.tap, spec.dtype):
+            out.append(Violation("TAP_LIMIT", f.shim_placement, f"{where}: access pattern {p}"))
+        if t.tap.n_elements % f.obj_elements:
+            out.append(
+                Violation(
+                    "SHAPE_NOT_TILING",
+                    None,
+                    f"{where} moves {t.tap.n_elements} elements, not a whole number "
+                    f"of {f.obj_elements}-element objects",
+                )
+            )
+    return out
+
+
+def _links(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    for lk in design.links:
+        srcs = [design.fifo(f) for f in lk.srcs]
+        dsts = [design.fifo(f) for f in lk.dsts]
+        if len({f.dtype for f in srcs + dsts}) > 1:
+            out.append(Violation("DTYPE_MISMATCH", lk.placement, f"link {lk.name} mixes dtypes of its fifos"))
+        if lk.kind == "forward":
+            if srcs[0].obj_elements != dsts[0].obj_elements:
+                out.append(
+                    Violation(
+                        "LINK_SHAPE",
+                        lk.placement,
+                        f"forward {lk.name}: {srcs[0].obj_elements} elements in, {dsts[0].obj_elements} out",
+                    )
+                )
+            continue
+        whole, parts = (srcs[0], dsts) if lk.kind == "split" else (dsts[0], srcs)
+        spans = sorted((o, o + p.obj_elements, p.name) for o, p in zip(lk.offsets, parts, strict=True))
+        for (_, a1, an), (b0, _, bn) in zip(spans, spans[1:], strict=False):
+            if b0 < a1:
+                out.append(Violation("LINK_SHAPE", lk.placement, f"{lk.kind} {lk.name}: {an} and {bn} overlap"))
+        for o0, o1, name in spans:
+            if o0 < 0 or o1 > whole.obj_elements:
+                out.append(
+                    Violation(
+                        "LINK_SHAPE",
+                        lk.placement,
+                        f"{lk.kind} {lk.name}: {name} at [{o0}, {o1}) falls outside "
+                        f"the {whole.obj_elements}-element object of {whole.name}",
+                    )
+                )
+        if sum(p.obj_elements for p in parts) != whole.obj_elements:
+            out.append(
+                Violation(
+                    "LINK_SHAPE",
+                    lk.placement,
+                    f"{lk.kind} {lk.name}: parts hold "
+                    f"{sum(p.obj_elements for p in parts)} elements, {whole.name} objects hold "
+                    f"{whole.obj_elements}",
+                )
+            )
+    return out
+
+
+def _objects_produced(design: Design) -> dict[str, int | None]:
+    """Objects that flow into each fifo over one launch (None where it cannot be determined)."""
+    memo: dict[str, int | None] = {}
+
+    def produced(name: str, seen: frozenset[str]) -> int | None:
+        if name in memo:
+            return memo[name]
+        if name in seen:
+            return None
+        prods = design.producers(name)
+        f = design.fifo(name)
+        n: int | None = None
+        if len(prods) == 1:
+            end = prods[0]
+            if end.kind == "worker":
+                n = design.worker(end.name).total_acquires()[name]
+            elif end.kind == "shim":
+                n = sum(t.tap.n_elements for t in design.runtime.tasks if t.fifo == name and t.kind == "fill")
+                n = n // f.obj_elements
+            else:
+                lk = design.link(end.name)
+                counts = [produced(s, seen | {name}) for s in lk.srcs]
+                n = counts[0] if counts and all(c == counts[0] for c in counts) else None
+        memo[name] = n
+        return n
+
+    for f in design.fifos:
+        produced(f.name, frozenset())
+    return memo
+
+
+def _balance(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    produced = _objects_produced(design)
+    for lk in design.links:
+        if lk.kind == "join":
+            counts = {s: produced.get(s) for s in lk.srcs}
+            if len(set(counts.values())) > 1:
+                out.append(Violation("FIFO_BALANCE", lk.placement, f"join {lk.name} receives unequal counts {counts}"))
+    for f in design.fifos:
+        n = produced.get(f.name)
+        if n is None:
+            continue
+        for end in design.consumers(f.name):
+            if end.kind == "worker":
+                taken = design.worker(end.name).total_acquires()[f.name]
+            elif end.kind == "shim":
+                moved = sum(t.tap.n_elements for t in design.runtime.tasks if t.fifo == f.name and t.kind == "drain")
+                taken = moved // f.obj_elements
+            else:
+                continue  # links pass through whatever arrives
+            if taken != n:
+                out.append(
+                    Violation(
+                        "FIFO_BALANCE",
+                        None,
+                        f"fifo {f.name} receives {n} objects but {end} takes {taken}; "
+                        "the array would stall or lose data",
+                    )
+                )
+    return out
+
+
+def _workers(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    for w in design.workers:
+        if w.program is None:
+            counts, steps = w.acquires_per_iteration(), w.calls_per_iteration
+            bad = [f for f in w.inputs if counts[f] not in (1, steps)] + [f for f in w.outputs if counts[f] != 1]
+            if bad:
+                out.append(
+                    Violation(
+                        "WORKER_PROGRAM",
+                        w.placement,
+                        f"worker {w.name} acquires {bad} in counts the default "
+                        "program cannot run; give it a custom program",
+                    )
+                )
+        if (w.kernel.variant == "bfp16") != (design.numerics.operands == "bfp16"):
+            out.append(
+                Violation(
+                    "NUMERICS_MISMATCH",
+                    w.placement,
+                    f"worker {w.name} runs a {w.kernel.variant} kernel but the "
+                    f"design declares {design.numerics.operands} operands",
+                )
+            )
+    return out
+
+
+def _placement(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    dev = design.device
+    seen: dict[Tile, str] = {}
+    for w in design.workers:
+        if w.placement is None:
+            out.append(
+                Violation("PLACEMENT_MISSING", None, f"worker {w.name} has no tile (no free compute tile left?)")
+            )
+            continue
+        if not dev.is_compute(w.placement):
+            out.append(
+                Violation(
+                    "PLACEMENT_OFF_DEVICE",
+                    w.placement,
+                    f"worker {w.name} is placed on a {dev.kind(w.placement)} "
+                    f"tile; workers need a compute tile of {dev.name}",
+                )
+            )
+        if w.placement in seen:
+            out.append(
+                Violation("PLACEMENT_SHARED", w.placement, f"workers {seen[w.placement]} and {w.name} share a tile")
+            )
+        seen.setdefault(w.placement, w.name)
+    for lk in design.links:
+        if lk.placement is None:
+            out.append(Violation("PLACEMENT_MISSING", None, f"link {lk.name} has no memory tile"))
+        elif not dev.is_mem(lk.placement):
+            out.append(
+                Violation(
+                    "PLACEMENT_OFF_DEVICE",
+                    lk.placement,
+                    f"link {lk.name} is placed on a "
+                    f"{dev.kind(lk.placement)} tile; links need a memory tile of {dev.name}",
+                )
+            )
+    for f in design.fifos:
+        if SHIM not in design.producers(f.name) + design.consumers(f.name):
+            continue
+        if f.shim_placement is None:
+            out.append(Violation("PLACEMENT_MISSING", None, f"fifo {f.name} has no shim tile for its DDR end"))
+        elif not dev.is_shim(f.shim_placement):
+            out.append(
+                Violation(
+                    "PLACEMENT_OFF_DEVICE",
+                    f.shim_placement,
+                    f"fifo {f.name}'s DDR end is on a "
+                    f"{dev.kind(f.shim_placement)} tile; it needs a shim tile of {dev.name}",
+                )
+            )
+    return out
+
+
+def _resources(design: Design) -> list[Violation]:
+    out: list[Violation] = []
+    dev = design.device
+    for tile, u in sorted(resource_use(design).items()):
+        kind = dev.kind(tile)
+        r = dev.resources(tile)
+        if kind in ("compute", "mem") and u.memory > r.memory_bytes:
+            code = "L1_OVERFLOW" if kind == "compute" else "L2_OVERFLOW"
+            out.append(
+                Violation(
+                    code, tile, f"{kind} tile {tile} needs {u.memory} B of {r.memory_bytes} B ({'; '.join(u.parts)})"
+                )
+            )
+        for direction, used, have in (("S2MM (in)", u.s2mm, r.s2mm_channels), ("MM2S (out)", u.mm2s, r.mm2s_channels)):
+            if used > have:
+                out.append(
+                    Violation(
+                        "DMA_CHANNELS", tile, f"{kind} tile {tile} needs {used} {direction} DMA channels, has {have}"
+                    )
+                )
+        if u.bds > r.bds:
+            out.append(Violation("BD_LIMIT", tile, f"{kind} tile {tile} needs {u.bds} buffer descriptors, has {r.bds}"))
+        if u.locks > r.locks:
+            out.append(Violation("LOCK_LIMIT", tile, f"{kind} tile {tile} needs {u.locks} locks, has {r.locks}"))
+    return out
+
+
+def validate(design: Design, place: bool = True) -> list[Violation]:
+    """Every rule ``design`` breaks (empty = legal). Unplaced parts are placed first with SequentialPlacer."""
+    out = _names(design)
+    if any(v.code in ("UNKNOWN_REF", "DUPLICATE_NAME") for v in out):
+        return out  # later checks look things up by name
+    out += _endpoints(design) + _runtime(design) + _links(design) + _workers(design)
+    if not any(v.code in ("FIFO_NO_PRODUCER", "FIFO_MULTI_PRODUCER") for v in out):
+        out += _balance(design)
+    if place and not design.is_placed():
+        from tilepilot.npu.placer import SequentialPlacer
+
+        design = SequentialPlacer().place(design)
+    placement = _placement(design)
+    out += placement
+    if not any(v.code in ("PLACEMENT_OFF_DEVICE",) for v in placement):
+        out += _resources(design)
+    return out
+
+
+def check(design: Design, place: bool = True) -> Design:
+    """Raise DesignError if ``design`` breaks any rule; otherwise return it placed."""
+    if place and not design.is_placed():
+        from tilepilot.npu.placer import SequentialPlacer
+
+        design = SequentialPlacer().place(design)
+    violations = validate(design, place=False)
+    if violations:
+        raise DesignError(violations, design.name)
+    return design
+
+
+def validate_group(group: MultiLaunchGroup, place: bool = True) -> list[Violation]:
+    """Violations of every launch (prefixed with its name) plus GROUP_BINDING problems of the group itself."""
+    out: list[Violation] = []
+    for d in group.designs:
+        out += [Violation(v.code, v.tile, f"launch {d.name}: {v.message}") for v in validate(d, place)]
+    out += [Violation("GROUP_BINDING", None, f"group {group.name}: {p}") for p in group.binding_problems()]
+    return out
+
+
+def check_group(group: MultiLaunchGroup, place: bool = True) -> MultiLaunchGroup:
+    violations = validate_group(group, place)
+    if violations:
+        raise DesignError(violations, f"group {group.name}")
+    if place:
+        from tilepilot.npu.placer import SequentialPlacer
+
+        placer = SequentialPlacer()
+        return MultiLaunchGroup(group.name, [placer.place(d) for d in group.designs], list(group.bindings))
+    return group
+
+
+__all__ = [
+    "CODES",
+    "CORE_STACK_BYTES",
+    "DesignError",
+    "TileUse",
+    "Violation",
+    "check",
+    "check_group",
+    "legal_taps",
+    "link_cost",
+    "resource_use",
+    "shares_memory",
+    "tap_problems",
+    "uses_shared_memory",
+    "validate",
+    "validate_group",
+]
