@@ -26,6 +26,13 @@ from tilepilot.gates.metrics import (
     topk_agreement,
 )
 
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Deterministic random inputs for every test in this file."""
+    torch.manual_seed(0)
+
+
 ALL_PAIR_METRICS = [max_abs_err, max_rel_err, mean_rel_err, pearson, cosine, min_position_cosine, kl_divergence]
 
 
