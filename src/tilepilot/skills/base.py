@@ -138,6 +138,8 @@ class PhaseSkill(Skill):
     abstract = True
     kind = "phase"
     phase: ClassVar[int] = -1
+    # Whether a failed gate may be sent to a debug skill (the evaluator's verdict is final, never "repaired").
+    repairable: ClassVar[bool] = True
 
 
 class OptimizeSkill(Skill):

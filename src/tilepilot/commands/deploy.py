@@ -1,0 +1,104 @@
+"""``tilepilot deploy MODEL_DIR --out WORKSPACE [--resume] [--json]``: the whole chain, phases 0-7.
+
+Progress goes to stderr (a rich live display), so ``--json`` leaves stdout to the summary alone. Exit code
+0 only when the independent evaluator says PASS or PASS-with-warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+KNOWLEDGE_ENV = "TILEPILOT_KNOWLEDGE"
+
+
+def default_knowledge_dir() -> Path:
+    """Where the kernel registry and lessons shared between deployments live (XDG cache by default)."""
+    env = os.environ.get(KNOWLEDGE_ENV)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tilepilot" / "knowledge"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "deploy",
+        help="deploy a checkpoint through phases 0-7 (NPU times are modeled)",
+        description="Deploy MODEL_DIR through the eight gated phases into WORKSPACE. NPU times are modeled.",
+    )
+    p.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    p.add_argument("--out", type=Path, required=True, metavar="WORKSPACE", help="workspace directory to create")
+    p.add_argument("--resume", action="store_true", help="continue a workspace from its first phase not passed")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument(
+        "--knowledge",
+        type=Path,
+        default=None,
+        help=f"registry + lessons shared between deployments (default ${KNOWLEDGE_ENV} or ~/.cache/tilepilot/...)",
+    )
+    return p
+
+
+def _fmt_perf(perf: dict) -> list[str]:
+    lines = []
+    for label in ("before", "after", "paper_like"):
+        f = perf.get(label)
+        if not f:
+            continue
+        d = f["dispatches_per_layer"]
+        lines.append(
+            f"{label:>10} ({f['plan']}): TTFT@{perf['prompt_len']} {f['ttft_s']:.3f} s, decode "
+            f"{f['decode_ms_per_token']:.2f} ms/token = {f['decode_tok_s']:.2f} tok/s, dispatches/layer "
+            f"{d['prefill']} prefill / {d['decode']} decode (modeled)"
+        )
+    return lines
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from tilepilot.skills.context import Settings
+    from tilepilot.skills.orchestrator import deploy
+
+    err = Console(stderr=True)
+    statuses: dict[str, object] = {}
+
+    def on_event(kind, outcome, message):
+        label = f"phase {outcome.phase} {outcome.name}"
+        if kind == "start":
+            if label not in statuses:
+                statuses[label] = err.status(f"[bold]{label}[/] running ({message})")
+                statuses[label].start()
+            else:
+                statuses[label].update(f"[bold]{label}[/] running ({message})")
+        elif kind == "repair":
+            err.print(f"  [yellow]repair[/] {label}: {message}")
+        elif kind == "skip":
+            err.print(f"[dim]{label}: already passed (resume)[/]")
+        elif kind == "end":
+            st = statuses.pop(label, None)
+            if st is not None:
+                st.stop()
+            mark = "[green]passed[/]" if outcome.status == "passed" else f"[red]{outcome.status}[/]"
+            err.print(f"{label}: {mark} in {outcome.seconds:.1f} s (host, measured) — {message}")
+
+    knowledge = args.knowledge if args.knowledge is not None else default_knowledge_dir()
+    summary = deploy(
+        args.model_dir, args.out, resume=args.resume, settings=Settings(knowledge_dir=knowledge), on_event=on_event
+    )
+    for st in statuses.values():
+        st.stop()
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        out = Console()
+        color = "green" if summary.ok else "red"
+        out.print(f"[bold {color}]{summary.verdict}[/] {summary.model} -> {summary.workspace}")
+        for line in _fmt_perf(summary.performance):
+            out.print(line)
+        if summary.review:
+            out.print(summary.review)
+    return 0 if summary.ok else 1

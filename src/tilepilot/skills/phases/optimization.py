@@ -1,0 +1,154 @@
+"""Phases 4 and 5: prefill- and decode-optimization, each running the optimization skills for its stage.
+
+Each skill proposes; ``optimize.common.try_proposal`` keeps a change only if the stage's modeled time
+strictly drops and the model gate holds. The phase's own gate then re-runs the model gate on the final
+plan and checks the modeled figure is strictly lower than the baseline, the plan the deployment started
+optimizing from (recorded once, so a resumed phase compares against the same baseline).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from tilepilot.skills.base import PhaseSkill
+from tilepilot.skills.context import perf_figures
+from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
+
+BASELINE_KEY = "optimization_baseline"
+SRC_STEPS = "DESIGN.md section 6: modeled time strictly lower after each applied skill"
+
+
+def baseline(ctx) -> dict[str, Any]:
+    """Modeled figures of the plan as it entered phase 4 (stored in deployment.json on first use)."""
+    b = ctx.get_extra(BASELINE_KEY)
+    if not b:
+        plan = ctx.plan
+        b = perf_figures(plan, ctx.timing(plan))
+        b["decode_s_per_token"] = b["decode_ms_per_token"] / 1e3
+        b["prompt_len"] = ctx.settings.timing_prompt_len
+        ctx.set_extra(BASELINE_KEY, b)
+    return b
+
+
+class _OptimizationPhase(PhaseSkill):
+    abstract = True
+    stage: ClassVar[str] = ""
+
+    def run(self, ctx):
+        from tilepilot.gates import thresholds as T
+        from tilepilot.gates.gate import Gate, Threshold
+        from tilepilot.skills import registry
+        from tilepilot.skills.phases.model import model_gate
+
+        base = baseline(ctx)
+        skills: list[dict[str, Any]] = []
+        ctx.opt_stage = self.stage
+        try:
+            for cls in registry.optimizers():
+                if self.stage not in cls.stages:
+                    continue
+                r = cls().run(ctx)
+                skills.append({"skill": cls.name, "status": r.status, "summary": r.summary, **r.evidence})
+        finally:
+            ctx.opt_stage = None
+        plan = ctx.plan
+        after = perf_figures(plan, ctx.timing(plan))
+        report, evidence = model_gate(ctx, plan)
+        # Each applied step must have lowered the stage's figure strictly (try_proposal guarantees it; re-checked).
+        metric = "ttft" if self.stage == "prefill" else "decode"
+        not_faster = sum(
+            1 for s in skills for row in s.get("applied", []) if not row[f"{metric}_after"] < row[f"{metric}_before"]
+        )
+        m = dict(report.measurements)
+        m[T.TTFT_MODELED_MS] = after["ttft_s"] * 1e3
+        m[T.DECODE_MODELED_MS] = after["decode_ms_per_token"]
+        m["applied_steps_not_faster"] = float(not_faster)
+        m["applied_steps"] = float(sum(len(s.get("applied", [])) for s in skills))
+        phase_gate = (
+            T.phase4_gate(base["ttft_s"] * 1e3)
+            if self.stage == "prefill"
+            else T.phase5_gate(base["decode_ms_per_token"])
+        )
+        gate = Gate(
+            phase_gate.name,
+            [*phase_gate.thresholds, *_extra_thresholds(), Threshold("applied_steps_not_faster", "<=", 0, SRC_STEPS)],
+        )
+        result_report = gate.evaluate(m)
+        evidence.update(
+            baseline=base,
+            after=after,
+            skills=skills,
+            claims={"ttft_s": after["ttft_s"], "decode_ms_per_token": after["decode_ms_per_token"]},
+        )
+        label = "TTFT" if self.stage == "prefill" else "decode"
+        b, a = (
+            (base["ttft_s"], after["ttft_s"])
+            if self.stage == "prefill"
+            else (base["decode_ms_per_token"] / 1e3, after["decode_ms_per_token"] / 1e3)
+        )
+        summary = (
+            f"modeled {label} {b * 1e3:.2f} -> {a * 1e3:.2f} ms ({b / a:.2f}x) with "
+            f"{int(m['applied_steps'])} change(s); {after['dispatches_per_layer'][self.stage]} dispatch(es)/layer"
+        )
+        return finish(self, ctx, result_report, evidence, summary)
+
+
+def _extra_thresholds():
+    """The model gate's thresholds beyond phase 3's own (the second-prompt check)."""
+    from tilepilot.gates.thresholds import phase3_thresholds
+    from tilepilot.skills.phases.model import model_gate_thresholds
+
+    base = {t.metric for t in phase3_thresholds()}
+    return [t for t in model_gate_thresholds().thresholds if t.metric not in base]
+
+
+_COMMON_TEXT = (
+    " Kept changes are logged before/after in perf_opt_traj.md; every NPU time is modeled (calibrated XDNA2 model)."
+)
+
+
+class PrefillOptimization(_OptimizationPhase):
+    name = "prefill-optimization"
+    phase = 4
+    stage = "prefill"
+    description = (
+        "Runs every optimization skill that targets prefill (host policies, NPU placement, fusion, merged launches, "
+        "vectorized variants, tile tuning), keeping each change only if modeled TTFT at 2048 tokens strictly drops "
+        "and the full-model gate still passes. Use after full-model-validation passes."
+    )
+    purpose = "Takes the correct-first plan to a fast prefill without giving up any correctness." + _COMMON_TEXT
+    inputs = (WORKSPACE_INPUT,)
+    commands = (
+        "tilepilot skills run prefill-optimization WORKSPACE --json",
+        "tilepilot bench WORKSPACE --prompt-len 2048 --plan deployed",
+    )
+    gate_text = (
+        "The phase-3 gate (plus the second-prompt check) holds on the final plan, modeled TTFT at 2048 tokens is "
+        "strictly lower than the baseline plan's, and every applied step lowered it strictly."
+    )
+    failure_modes = (
+        "Every skill rejected (nothing faster, or every faster plan fails the gate): the gate fails with the "
+        "baseline TTFT unchanged; inspect perf_opt_traj.md.",
+    )
+
+
+class DecodeOptimization(_OptimizationPhase):
+    name = "decode-optimization"
+    phase = 5
+    stage = "decode"
+    description = (
+        "Runs every optimization skill that targets decode (attention and LM head on the NPU, merged launches, "
+        "tile tuning for GEMV shapes, host policies), keeping each change only if modeled decode latency per token "
+        "strictly drops and the full-model gate still passes. Use after prefill-optimization passes."
+    )
+    purpose = "Takes decode below the paper's per-token latency on the same modeled array." + _COMMON_TEXT
+    inputs = (WORKSPACE_INPUT,)
+    commands = (
+        "tilepilot skills run decode-optimization WORKSPACE --json",
+        "tilepilot bench WORKSPACE --decode-tokens 32 --plan deployed",
+    )
+    gate_text = (
+        "The phase-3 gate (plus the second-prompt check) holds on the final plan, modeled decode latency per token "
+        "is strictly lower than the baseline plan's, and every applied step lowered it strictly."
+    )
+    failure_modes = ("As prefill-optimization, for the decode stage.",)
