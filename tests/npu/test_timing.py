@@ -352,3 +352,27 @@ def test_host_costs():
     for bad in (lambda: h.sync_s(-1), lambda: h.cpu_fallback_s(-0.1), lambda: h.cpu_estimate_s(-5)):
         with pytest.raises(InputError):
             bad()
+
+
+def _chain(consumer_tile: Tile) -> Design:
+    """shim -> w0 -> x -> w1 -> shim, with w1 either a neighbour of w0 (shared memory) or not."""
+    k = TileKernel("eltwise_copy", _noop, vector_ops_per_call=1024)
+    fifos = [
+        ObjectFifo("i", (1024,), shim_placement=Tile(0, 0)),
+        ObjectFifo("x", (1024,)),
+        ObjectFifo("o", (1024,), shim_placement=Tile(0, 0)),
+    ]
+    workers = [
+        Worker("w0", k, ("i",), ("x",), iterations=64, placement=Tile(0, 2)),
+        Worker("w1", k, ("x",), ("o",), iterations=64, placement=consumer_tile),
+    ]
+    rt = Runtime().fill("i", "a", TensorAccessPattern.contiguous((65536,)))
+    rt.drain("o", "b", TensorAccessPattern.contiguous((65536,)))
+    return Design("chain", npu2(), [TensorSpec("a", (65536,))], [TensorSpec("b", (65536,))], fifos, [], workers, rt)
+
+
+def test_fifo_between_neighbours_costs_no_dma():
+    near, far = time_design(_chain(Tile(0, 3))), time_design(_chain(Tile(3, 4)))
+    assert near.workers[0].dma_out_cycles == 0 and near.workers[1].dma_in_cycles == 0
+    assert far.workers[0].dma_out_cycles > 0 and far.workers[1].dma_in_cycles > 0
+    assert timing.structure(_chain(Tile(0, 3))) != timing.structure(_chain(Tile(3, 4)))

@@ -42,8 +42,9 @@ from dataclasses import dataclass, replace
 
 from tilepilot.errors import ConfigError, InputError
 from tilepilot.npu.calibration import CALIBRATION, Calibration
-from tilepilot.npu.design import Design, FifoLink, MultiLaunchGroup, nbytes
+from tilepilot.npu.design import Design, FifoLink, MultiLaunchGroup, Worker, nbytes
 from tilepilot.npu.device import Device, Tile
+from tilepilot.npu.validate import shares_memory
 
 BOUNDS = ("compute", "dma", "ddr")
 
@@ -155,6 +156,7 @@ class _Fifo:
     obj_bytes: int
     depth: int
     shim: Tile | None
+    shared: bool  # producer and consumer workers are neighbours sharing memory: no DMA
 
 
 @dataclass(frozen=True)
@@ -195,14 +197,17 @@ class Structure:
 def structure(design: Design) -> Structure:
     """The structural key of a design: two designs with equal keys have equal modeled times."""
     tensors = {t.name: t for t in design.inputs + design.outputs}
-    tasks = []
+    # The model needs only bytes per (kind, fifo, task group), so tasks are aggregated: the key stays small.
+    task_bytes: dict[tuple[str, str, int], int] = {}
     for t in design.runtime.tasks:
         if t.tensor not in tensors:
             raise InputError(
                 f"Design {design.name}: runtime task on {t.fifo} names tensor {t.tensor!r}, which is not a design "
                 "input or output; declare the tensor."
             )
-        tasks.append(_Task(t.kind, t.fifo, nbytes(t.tap.n_elements, tensors[t.tensor].dtype), t.group))
+        key = (t.kind, t.fifo, t.group)
+        task_bytes[key] = task_bytes.get(key, 0) + nbytes(t.tap.n_elements, tensors[t.tensor].dtype)
+    tasks = [_Task(kind, fifo, n, group) for (kind, fifo, group), n in task_bytes.items()]
     workers = tuple(
         _Worker(
             w.name,
@@ -218,17 +223,38 @@ def structure(design: Design) -> Structure:
         )
         for w in design.workers
     )
+    shared = _shared_memory_fifos(design)
     meta = design.meta or {}
     family = meta.get("family")
     return Structure(
         device=design.device,
         family=str(family) if family is not None else None,
-        fifos=tuple(_Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement) for f in design.fifos),
+        fifos=tuple(_Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement, f.name in shared) for f in design.fifos),
         links=tuple(design.links),
         workers=workers,
         tasks=tuple(tasks),
         meta_ddr_bytes=(int(meta.get("ddr_read_bytes", 0) or 0), int(meta.get("ddr_write_bytes", 0) or 0)),
     )
+
+
+def _shared_memory_fifos(design: Design) -> set[str]:
+    """Fifos from one worker to one neighbouring worker (the validator's shared-memory rule), found in one pass."""
+    off_array = {t.fifo for t in design.runtime.tasks} | {f for lk in design.links for f in lk.fifos}
+    producers: dict[str, list[Worker]] = {}
+    consumers: dict[str, list[Worker]] = {}
+    for w in design.workers:
+        for f in w.outputs:
+            producers.setdefault(f, []).append(w)
+        for f in w.inputs:
+            consumers.setdefault(f, []).append(w)
+    return {
+        f
+        for f, prods in producers.items()
+        if f not in off_array
+        and len(prods) == 1
+        and len(consumers.get(f, [])) == 1
+        and shares_memory(prods[0].placement, consumers[f][0].placement)
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -376,7 +402,8 @@ def _time_worker(w: _Worker, s: Structure, fifos: dict[str, _Fifo], dev: Device,
     calls = w.calls_per_iteration
 
     def per_call(f: str) -> float:
-        return fifos[f].obj_bytes * acq.get(f, 1) / calls
+        # A fifo between neighbouring workers lives in shared tile memory: the core reads it, no DMA moves it.
+        return 0.0 if fifos[f].shared else fifos[f].obj_bytes * acq.get(f, 1) / calls
 
     compute = compute_cycles_per_call(
         w.variant, w.macs_per_call, w.vector_ops_per_call, w.bytes_per_call, s.family, dev, cal
