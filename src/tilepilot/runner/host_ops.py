@@ -7,6 +7,8 @@ runs, not what the rest of the model sees. These are production host code, indep
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -58,12 +60,14 @@ def attention(
 ) -> torch.Tensor:
     """Causal GQA attention of T queries at positions ``start..start+T-1`` over L cached keys, fp32 inside."""
     t, length = q.shape[0], k.shape[0]
-    qh = q.float().reshape(t, n_heads, head_dim).transpose(0, 1)
-    kh = k.float().reshape(length, n_kv_heads, head_dim).transpose(0, 1)
+    group = n_heads // n_kv_heads
+    # queries grouped under their KV head: [kv_heads, group * T, d] (row order (g, t)); no repeat of K/V
+    qh = q.float().reshape(t, n_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(n_kv_heads, group * t, head_dim)
+    kh = k.float().reshape(length, n_kv_heads, head_dim).permute(1, 2, 0)
     vh = v.float().reshape(length, n_kv_heads, head_dim).transpose(0, 1)
-    mask = None
+    scores = torch.matmul(qh, kh) * (1.0 / math.sqrt(head_dim))
     if t > 1:
-        qpos = torch.arange(start, start + t)[:, None]
-        mask = torch.arange(length)[None, :] <= qpos
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=n_heads != n_kv_heads)
-    return out.transpose(0, 1).reshape(t, n_heads * head_dim).to(BF16)
+        qpos = torch.arange(start, start + t).repeat(group)
+        scores = scores.masked_fill(torch.arange(length)[None, :] > qpos[:, None], float("-inf"))
+    ctx = torch.matmul(torch.softmax(scores, dim=-1), vh)
+    return ctx.reshape(n_kv_heads, group, t, head_dim).permute(2, 0, 1, 3).reshape(t, n_heads * head_dim).to(BF16)

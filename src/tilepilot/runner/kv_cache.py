@@ -22,11 +22,13 @@ class KVCache:
         max_positions: int,
         initial_capacity: int = 256,
         dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
     ):
         self.n_layers = n_layers
         self.kv_dim = kv_dim
         self.max_positions = max_positions
         self.dtype = dtype
+        self.device = torch.device(device)  # "meta" for dry runs: shapes and lengths only, no storage
         self.length = 0
         self._capacity = 0
         self._k: list[torch.Tensor] = []
@@ -51,8 +53,8 @@ class KVCache:
         cap = max(needed, min(self.max_positions, max(1, self._capacity) * 2))
         new_k, new_v = [], []
         for i in range(self.n_layers):
-            k = torch.zeros(cap, self.kv_dim, dtype=self.dtype)
-            v = torch.zeros(cap, self.kv_dim, dtype=self.dtype)
+            k = torch.zeros(cap, self.kv_dim, dtype=self.dtype, device=self.device)
+            v = torch.zeros(cap, self.kv_dim, dtype=self.dtype, device=self.device)
             if self._k:
                 k[: self.length] = self._k[i][: self.length]
                 v[: self.length] = self._v[i][: self.length]
@@ -83,3 +85,8 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def seek(self, length: int) -> None:
+        """Pretend ``length`` positions are cached (dry runs time a decode step at a chosen context)."""
+        self._grow(length)
+        self.length = length

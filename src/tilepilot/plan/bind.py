@@ -1,0 +1,190 @@
+"""How one op of the block graph becomes one kernel call: its family shape, config and tensor binding.
+
+This is the only place that knows both the graph's value names and each family's DDR tensor names,
+so the runner and ``time_plan`` build exactly the same designs for the same op. A binding gives:
+
+- ``shape(node, spec, rows, context)``: the family ``Shape`` for ``rows`` tokens in this call and
+  ``context`` positions of KV cache (attention);
+- ``run(design, args, spec)``: call ``design.fast`` with the op's tensors and return the output value
+  as ``[rows, width]`` bf16. ``args`` holds the op's input values by value name, its weights by
+  ``LayerWeights`` field name, and for RoPE/attention ``cos``/``sin``/``k_cache``/``v_cache``/``start``.
+
+Families pad where their shapes do not tile; the family's ``prepare_inputs``/``crop_outputs`` helpers
+do it, so callers never pad by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from tilepilot.errors import ConfigError
+from tilepilot.model.spec import ModelSpec
+from tilepilot.plan.graph import OpNode
+
+Args = dict[str, Any]
+
+
+def family_module(name: str):
+    """The kernel family module ``tilepilot.kernels.<name>`` (through the registry when it knows it)."""
+    try:
+        from tilepilot.kernels.registry import family
+
+        return family(name)
+    except (ImportError, KeyError, AttributeError):
+        pass
+    try:
+        return importlib.import_module(f"tilepilot.kernels.{name}")
+    except ModuleNotFoundError:
+        raise ConfigError(f"kernel family {name!r} is not available; use a family tilepilot ships") from None
+
+
+def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
+    """The family's Config from a plan's config dict; an empty dict means the family default for the shape."""
+    if not config:
+        return module.default_config(shape, device) if device is not None else module.default_config(shape)
+    known = {f.name for f in fields(module.Config)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ConfigError(f"{module.FAMILY} config has unknown keys {unknown}; known keys are {sorted(known)}")
+    return module.Config(**config)
+
+
+@dataclass(frozen=True)
+class Binding:
+    shape: Callable[[OpNode, ModelSpec, int, int], Any]
+    run: Callable[[Any, Args, ModelSpec], torch.Tensor]
+
+
+# ---- linear: GEMM (prefill) and GEMV (decode) ---------------------------------------------------------------------
+def _linear_dims(node: OpNode, spec: ModelSpec) -> tuple[int, int]:
+    from tilepilot.plan.graph import weight_shape
+
+    n, k = weight_shape(spec, node.weights[0])
+    return n, k
+
+
+def _gemm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    n, k = _linear_dims(node, spec)
+    return family_module("gemm").Shape(m=rows, n=n, k=k)
+
+
+def _gemm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    mod = family_module("gemm")
+    node_in, w = args["_in"][0], args[args["_w"][0]]
+    ins = mod.prepare_inputs(design, node_in, w)
+    return mod.crop_outputs(design, design.fast(ins))["c"]
+
+
+def _gemv_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    n, k = _linear_dims(node, spec)
+    return family_module("gemv").Shape(n=n, k=k, m=rows)
+
+
+def _gemv_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    mod = family_module("gemv")
+    x, w = args["_in"][0], args[args["_w"][0]]
+    if hasattr(mod, "prepare_inputs"):
+        out = mod.crop_outputs(design, design.fast(mod.prepare_inputs(design, x, w)))
+    else:
+        out = design.fast({"x": x, "w": w})
+    return out["y"]
+
+
+# ---- residual add ---------------------------------------------------------------------------------------------------
+def _add_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    return family_module("eltwise").Shape(n=rows * node.width, op="add")
+
+
+def _add_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    mod = family_module("eltwise")
+    a, b = args["_in"]
+    out = mod.crop_outputs(design, design.fast(mod.prepare_inputs(design, a, b)))["c"]
+    return out.reshape(a.shape[0], -1)
+
+
+# ---- LM head --------------------------------------------------------------------------------------------------------
+def _head_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    return family_module("lm_head").Shape(vocab=spec.vocab, k=spec.hidden, m=rows)
+
+
+def _head_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    return design.fast({"x": args["_in"][0], "w": args["lm_head"]})["logits"]
+
+
+# ---- norms, RoPE, SwiGLU, bias: row-streaming families with x/w -> y style tensors --------------------------------
+def _rmsnorm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    return family_module("rmsnorm").Shape(rows=rows, width=node.width, heads=1, eps=spec.rms_eps)
+
+
+def _head_norm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    heads = node.width // spec.head_dim
+    return family_module("rmsnorm").Shape(rows=rows, width=spec.head_dim, heads=heads, eps=spec.rms_eps)
+
+
+def _norm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    return design.fast({"x": args["_in"][0], "w": args[args["_w"][0]]})["y"]
+
+
+def _rope_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    return family_module("rope").Shape(rows=rows, heads=node.width // spec.head_dim, head_dim=spec.head_dim)
+
+
+def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    cs_spec = design.tensor("cs")
+    from tilepilot.npu.design import torch_dtype
+
+    cs = args["cs"].to(torch_dtype(cs_spec.dtype))
+    return design.fast({"x": args["_in"][0], "cs": cs})["y"]
+
+
+def _swiglu_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    return family_module("swiglu").Shape(rows=rows, width=node.width)
+
+
+def _swiglu_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    gate, up = args["_in"]
+    return design.fast({"gate": gate, "up": up})["y"]
+
+
+def _bias_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+    return family_module("bias").Shape(rows=rows, width=node.width)
+
+
+def _bias_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    return design.fast({"x": args["_in"][0], "b": args[args["_w"][0]]})["y"]
+
+
+BINDINGS: dict[tuple[str, str], Binding] = {
+    ("rmsnorm", "rmsnorm"): Binding(_rmsnorm_shape, _norm_run),
+    ("head_norm", "rmsnorm"): Binding(_head_norm_shape, _norm_run),
+    ("rope", "rope"): Binding(_rope_shape, _rope_run),
+    ("swiglu", "swiglu"): Binding(_swiglu_shape, _swiglu_run),
+    ("bias", "bias"): Binding(_bias_shape, _bias_run),
+    ("linear", "gemm"): Binding(_gemm_shape, _gemm_run),
+    ("linear", "gemv"): Binding(_gemv_shape, _gemv_run),
+    ("add", "eltwise"): Binding(_add_shape, _add_run),
+    ("lm_head", "lm_head"): Binding(_head_shape, _head_run),
+    ("lm_head", "gemv"): Binding(
+        lambda n, s, r, c: family_module("gemv").Shape(n=s.vocab, k=s.hidden, m=r),
+        lambda d, a, s: _gemv_run(d, {**a, "_w": ("lm_head",)}, s),
+    ),
+    ("lm_head", "gemm"): Binding(
+        lambda n, s, r, c: family_module("gemm").Shape(m=r, n=s.vocab, k=s.hidden),
+        lambda d, a, s: _gemm_run(d, {**a, "_w": ("lm_head",)}, s),
+    ),
+}
+
+
+def binding(node: OpNode, family: str) -> Binding:
+    try:
+        return BINDINGS[(node.kind, family)]
+    except KeyError:
+        raise ConfigError(
+            f"op {node.op} ({node.kind}) has no kernel binding for family {family!r}; "
+            f"bound families: {sorted(f for k, f in BINDINGS if k == node.kind)}"
+        ) from None

@@ -1,0 +1,212 @@
+"""Modeled timing of a whole plan: TTFT at a prompt length, decode latency at a context length.
+
+``time_plan`` runs the plan *dry* through the production runner (``NpuRunner(dry=True)`` over meta
+weights): every call builds its design for its real shape and is timed by ``npu.timing``, every buffer
+sync the host policy causes is modeled by the same ``BufferPool`` a real run uses, and CPU groups take
+their measured CPU time at that shape (measured once per shape; ``cpu="estimated"`` uses the
+calibration's bytes-based estimate instead, deterministic, for tests). Nothing is computed.
+
+Conventions:
+- TTFT = the prefill pass of ``prompt_len`` tokens from an empty cache, all layers plus the head. The LM
+  head at prefill computes only the last position's logits, as real deployments do.
+- decode latency = one steady-state decode step whose attention reads ``context_len`` cached positions
+  (default ``prompt_len``), timed as the second of two consecutive steps so one-time uploads are excluded.
+- one-time uploads of preloaded weights are reported as ``load_s`` and are not part of TTFT.
+Every figure is modeled (NPU and syncs) except CPU groups timed by measurement (``cpu_clock``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from tilepilot.model.spec import ModelSpec
+from tilepilot.model.weights import LayerWeights
+from tilepilot.npu.calibration import CALIBRATION, Calibration
+from tilepilot.npu.device import Device
+from tilepilot.npu.trace import Trace
+from tilepilot.plan.graph import block_graph, weight_shape
+from tilepilot.plan.plan import DeploymentPlan
+from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+
+_TOP = ("dispatch", "sync", "cpu")
+
+
+class MetaWeights:
+    """A WeightSource of meta tensors: right shapes and dtype, no storage (for dry runs)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    def _t(self, name: str) -> torch.Tensor:
+        return torch.empty(weight_shape(self.spec, name), dtype=torch.bfloat16, device="meta")
+
+    def layer(self, i: int) -> LayerWeights:
+        names = {w for n in block_graph(self.spec).block for w in n.weights}
+        return LayerWeights(**{n: self._t(n) for n in names})
+
+    def embed(self) -> torch.Tensor:
+        return self._t("lm_head")
+
+    def final_norm(self) -> torch.Tensor:
+        return self._t("final_norm")
+
+    def lm_head(self) -> torch.Tensor:
+        return self._t("lm_head")
+
+
+@dataclass
+class GroupTime:
+    """One group's modeled time in one pass; ``per_call_s`` is per layer for block groups."""
+
+    stage: str
+    part: str  # "block" | "head" | "host" (syncs outside any group)
+    name: str
+    where: str
+    calls: int
+    dispatch_s: float
+    sync_s: float
+    cpu_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.dispatch_s + self.sync_s + self.cpu_s
+
+    @property
+    def per_call_s(self) -> float:
+        return self.total_s / self.calls if self.calls else 0.0
+
+    @property
+    def dispatch_per_call_s(self) -> float:
+        return self.dispatch_s / self.calls if self.calls else 0.0
+
+
+@dataclass
+class PlanTiming:
+    plan: str
+    model: str
+    prompt_len: int
+    context_len: int
+    ttft_s: float
+    decode_s_per_token: float
+    load_s: float
+    dispatches: dict[str, int]
+    groups: list[GroupTime] = field(default_factory=list)
+    cpu_clock: str = "measured"
+    clock: str = "modeled"
+
+    @property
+    def decode_tok_s(self) -> float:
+        return 1.0 / self.decode_s_per_token if self.decode_s_per_token > 0 else 0.0
+
+    def group(self, stage: str, name: str) -> GroupTime:
+        for g in self.groups:
+            if g.stage == stage and g.name == name:
+                return g
+        raise KeyError(f"{stage}/{name}")
+
+    def stage_groups(self, stage: str) -> list[GroupTime]:
+        return [g for g in self.groups if g.stage == stage]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["decode_tok_s"] = self.decode_tok_s
+        for g, gd in zip(self.groups, d["groups"], strict=True):
+            gd["total_s"] = g.total_s
+            gd["per_call_s"] = g.per_call_s
+        return d
+
+
+def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
+    st = plan.stage(stage)
+    out: list[GroupTime] = []
+    layout = [("block", g) for g in st.block] + [("head", g) for g in st.head]
+    names = {g.name for _, g in layout}
+    for part, g in layout:
+        mine = [e for e in events if e.group == g.name and e.kind in _TOP]
+        calls = len({e.layer for e in mine if e.kind in ("dispatch", "cpu")}) or (1 if mine else 0)
+        out.append(
+            GroupTime(
+                stage=stage,
+                part=part,
+                name=g.name,
+                where=g.where,
+                calls=calls,
+                dispatch_s=sum(e.duration_s for e in mine if e.kind == "dispatch"),
+                sync_s=sum(e.duration_s for e in mine if e.kind == "sync"),
+                cpu_s=sum(e.duration_s for e in mine if e.kind == "cpu"),
+            )
+        )
+    loose = [e for e in events if e.kind in _TOP and e.group not in names]
+    if loose:
+        out.append(
+            GroupTime(
+                stage=stage,
+                part="host",
+                name="host io",
+                where="cpu",
+                calls=1,
+                dispatch_s=0.0,
+                sync_s=sum(e.duration_s for e in loose if e.kind == "sync"),
+                cpu_s=sum(e.duration_s for e in loose if e.kind == "cpu"),
+            )
+        )
+    return out
+
+
+def time_plan(
+    plan: DeploymentPlan,
+    spec: ModelSpec | None = None,
+    prompt_len: int = 2048,
+    context_len: int | None = None,
+    *,
+    device: Device | None = None,
+    cal: Calibration = CALIBRATION,
+    cpu: str = "measured",
+    library: KernelLibrary | None = None,
+    timer: HostOpTimer | None = None,
+) -> PlanTiming:
+    """Modeled TTFT and decode latency of ``plan`` (see the module docstring for the conventions)."""
+    from tilepilot.runner.npu_runner import NpuRunner
+
+    spec = spec or plan.model_spec()
+    context_len = context_len or prompt_len
+    if prompt_len < 1 or context_len < 2:
+        raise ValueError(f"prompt_len must be >= 1 and context_len >= 2, got {prompt_len} and {context_len}")
+    trace = Trace()
+    runner = NpuRunner(
+        plan,
+        MetaWeights(spec),
+        device,
+        trace,
+        cal=cal,
+        library=library or KernelLibrary(device, cal),
+        timer=timer or HostOpTimer(cpu, cal),
+        max_context=max(prompt_len, context_len),
+        dry=True,
+    )
+    mark = len(trace.events)
+    runner.prefill([0] * prompt_len, all_logits=False)
+    prefill_events = trace.events[mark:]
+    runner.cache.seek(context_len - 2)
+    runner.decode(0)
+    mark = len(trace.events)
+    runner.decode(0)
+    decode_events = trace.events[mark:]
+    return PlanTiming(
+        plan=plan.name,
+        model=spec.name,
+        prompt_len=prompt_len,
+        context_len=context_len,
+        ttft_s=sum(e.duration_s for e in prefill_events if e.kind in _TOP),
+        decode_s_per_token=sum(e.duration_s for e in decode_events if e.kind in _TOP),
+        load_s=runner.load_s,
+        dispatches={
+            "prefill": sum(e.kind == "dispatch" for e in prefill_events),
+            "decode": sum(e.kind == "dispatch" for e in decode_events),
+        },
+        groups=_groups(plan, "prefill", prefill_events) + _groups(plan, "decode", decode_events),
+        cpu_clock="measured" if cpu == "measured" else "modeled",
+    )

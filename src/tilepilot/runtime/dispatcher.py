@@ -1,0 +1,382 @@
+"""Executes a plan's kernel groups for one layer (or the head): NPU groups as dispatches, CPU groups on host.
+
+One executor, two modes. In a *functional* run every NPU call runs its design's fast path on real
+bf16 tensors and every CPU call runs the host op, timed by wall clock. In a *dry* run (``dry=True``,
+what ``time_plan`` uses) the same code walks the same groups, builds and times the same designs and
+moves the same (meta) buffers through the same pool, but computes nothing: NPU time comes from the
+timing model and CPU time from ``HostOpTimer`` (measured once per shape, or estimated). So the modeled
+figures of a plan and of a real run come from one piece of logic and cannot drift apart.
+
+Every dispatch, buffer sync and CPU step is recorded in the trace with its group, layer and phase.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+import torch
+
+from tilepilot.model.spec import ModelSpec
+from tilepilot.npu.calibration import CALIBRATION, Calibration
+from tilepilot.npu.design import MultiLaunchGroup
+from tilepilot.npu.device import Device, npu2
+from tilepilot.npu.timing import GroupTiming, HostCost, time_group
+from tilepilot.npu.trace import Trace
+from tilepilot.plan.bind import binding, family_module, make_config
+from tilepilot.plan.graph import KV_STATE, BlockGraph, OpNode
+from tilepilot.plan.plan import HostPolicy, KernelGroup
+from tilepilot.runner import host_ops
+from tilepilot.runtime.buffers import BufferPool, DeviceBuffer, SyncCostModel, SyncEvent
+
+BF16 = torch.bfloat16
+META = torch.device("meta")
+
+
+def sync_costs(cal: Calibration = CALIBRATION) -> SyncCostModel:
+    hc = HostCost(cal)
+    return SyncCostModel(sync_s=hc.sync_s, fixed_s=hc.sync_fixed_s, alloc_s=hc.alloc_s())
+
+
+def _key(x: Any) -> Any:
+    return (type(x).__module__, type(x).__name__, tuple(sorted(asdict(x).items()))) if is_dataclass(x) else x
+
+
+class KernelLibrary:
+    """Designs and modeled dispatch times, built once per (family, shape, config) and group."""
+
+    def __init__(self, device: Device | None = None, cal: Calibration = CALIBRATION):
+        self.device = device or npu2()
+        self.cal = cal
+        self._designs: dict[Any, Any] = {}
+        self._groups: dict[tuple, GroupTiming] = {}
+
+    def design(self, family: str, shape: Any, config: dict[str, Any]) -> tuple[Any, Any]:
+        """(key, design) for one call; the key identifies it for ``dispatch_time``."""
+        key = (family, _key(shape), tuple(sorted(config.items())))
+        if key not in self._designs:
+            mod = family_module(family)
+            cfg = make_config(mod, shape, config, self.device)
+            self._designs[key] = mod.make_design(shape, cfg, self.device)
+        return key, self._designs[key]
+
+    def dispatch_time(self, name: str, keys: list[Any]) -> GroupTiming:
+        """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened)."""
+        gkey = (name, tuple(keys))
+        if gkey not in self._groups:
+            designs = []
+            for k in keys:
+                d = self._designs[k]
+                designs.extend(d.designs if isinstance(d, MultiLaunchGroup) else [d])
+            self._groups[gkey] = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
+        return self._groups[gkey]
+
+
+class HostOpTimer:
+    """CPU time of a host step at a shape for dry runs: measured once per shape (or estimated from bytes)."""
+
+    def __init__(self, mode: str = "measured", cal: Calibration = CALIBRATION, repeats: int = 3):
+        if mode not in ("measured", "estimated"):
+            raise ValueError(f"HostOpTimer mode must be 'measured' or 'estimated', got {mode!r}")
+        self.mode = mode
+        self.cal = cal
+        self.repeats = repeats
+        self._cache: dict[Any, float] = {}
+
+    @property
+    def clock(self) -> str:
+        return "measured" if self.mode == "measured" else "modeled"
+
+    def seconds(self, key: Any, nbytes: int, run: Callable[[], None]) -> float:
+        """Seconds of ``run`` (a host step on zero tensors of the real shapes), cached by ``key``."""
+        if self.mode == "estimated":
+            return HostCost(self.cal).cpu_estimate_s(nbytes)
+        if key not in self._cache:
+            run()  # warm up: page in the tensors, pick kernels
+            samples = []
+            for _ in range(self.repeats):
+                t0 = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - t0)
+            self._cache[key] = sorted(samples)[len(samples) // 2]
+        return self._cache[key]
+
+
+@dataclass
+class Pass:
+    """One forward pass: its phase, first position, token count and whether it computes."""
+
+    phase: str
+    start: int
+    rows: int
+    dry: bool = False
+
+    @property
+    def context(self) -> int:
+        return self.start + self.rows
+
+
+@dataclass
+class KVState:
+    """The KV cache as the dispatcher sees it: storage (None in dry runs) and which side wrote last."""
+
+    cache: Any = None
+    side: dict[int, str] = field(default_factory=dict)  # layer -> "npu" | "cpu" that wrote this pass's rows
+
+
+class Dispatcher:
+    """Runs groups of one plan stage against a buffer pool and a trace."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        graph: BlockGraph,
+        policy: HostPolicy,
+        pool: BufferPool,
+        trace: Trace,
+        library: KernelLibrary,
+        timer: HostOpTimer | None = None,
+    ):
+        self.spec = spec
+        self.graph = graph
+        self.policy = policy
+        self.pool = pool
+        self.trace = trace
+        self.library = library
+        self.timer = timer or HostOpTimer()
+        self.hc = HostCost(library.cal)
+        self._ctx: dict[str, Any] = {}
+        pool.on_sync = self._on_sync
+
+    # ---- trace plumbing ---------------------------------------------------------------------
+    def _on_sync(self, ev: SyncEvent) -> None:
+        if ev.seconds <= 0:
+            return
+        self.trace.add(
+            "sync",
+            f"{ev.op}:{ev.name}",
+            ev.seconds,
+            group=self._ctx.get("group"),
+            layer=self._ctx.get("layer"),
+            phase=self._ctx.get("phase"),
+            bytes=ev.nbytes,
+        )
+
+    # ---- entry point --------------------------------------------------------------------------
+    def run(
+        self,
+        groups: list[KernelGroup],
+        env: dict[str, DeviceBuffer],
+        weights: dict[str, DeviceBuffer],
+        p: Pass,
+        layer: int | None,
+        kv: KVState,
+        tables: DeviceBuffer | None,
+    ) -> None:
+        """Run ``groups`` in order; ``env`` maps value names to buffers and gains every value produced."""
+        for g in groups:
+            self._ctx = {"group": g.name, "layer": layer, "phase": p.phase}
+            if g.where == "cpu":
+                self._run_cpu(g, env, weights, p, layer, kv, tables)
+            else:
+                self._run_npu(g, env, weights, p, layer, kv, tables)
+        self._ctx = {}
+
+    # ---- NPU ------------------------------------------------------------------------------------
+    def _run_npu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
+        internal: dict[str, torch.Tensor] = {}
+        seen_inputs: dict[str, torch.Tensor] = {}
+        keys: list[Any] = []
+        produced: list[str] = []
+
+        def value(v: str) -> torch.Tensor:
+            if v in internal:
+                return internal[v]
+            if v not in seen_inputs:
+                seen_inputs[v] = self.pool.device_view(env[v])
+            return seen_inputs[v]
+
+        for call in g.calls:
+            node = self.graph.node(call.op)
+            if node.kind == "kv_write":
+                k, v = value(node.inputs[0]), value(node.inputs[1])
+                if not p.dry:
+                    kv.cache.write(layer, k, v)
+                kv.side[layer] = "npu"
+                internal[KV_STATE] = k
+                continue
+            args: dict[str, Any] = {"_w": node.weights}
+            if node.kind == "attention":
+                args["_in"] = [value(node.inputs[0])]
+                self._kv_to("npu", layer, p, kv)
+                self._host_transposes(g, p)
+                args.update(self._kv_args(layer, p, kv))
+            else:
+                args["_in"] = [value(v) for v in node.inputs]
+            for w in node.weights:
+                args[w] = self.pool.weight_view(weights[w])
+            if node.kind == "rope":
+                if "cs" not in seen_inputs:
+                    seen_inputs["cs"] = self.pool.device_view(tables)
+                args.update(cs=seen_inputs["cs"], start=p.start)
+            key, design = self.library.design(call.family, self._shape(node, call.family, p), call.config)
+            keys.append(key)
+            if p.dry:
+                out = torch.empty(p.rows, node.width, dtype=BF16, device=META)
+            else:
+                out = binding(node, call.family).run(design, args, self.spec)
+            internal[node.output] = out
+            produced.append(node.output)
+        if keys:
+            gt = self.library.dispatch_time(g.name, keys)
+            self.trace.add(
+                "dispatch", g.name, gt.seconds, group=g.name, layer=layer, phase=p.phase, macs=gt.macs,
+                bytes=gt.ddr_bytes,
+            )  # fmt: skip
+        for name in produced:
+            buf = self.pool.buffer(f"{p.phase}.{name}")
+            self.pool.produced(buf, internal[name])
+            env[name] = buf
+
+    def _shape(self, node: OpNode, family: str, p: Pass) -> Any:
+        return binding(node, family).shape(node, self.spec, p.rows, p.context)
+
+    def _kv_to(self, side: str, layer: int, p: Pass, kv: KVState) -> None:
+        """Attention on ``side`` needs this pass's new K/V rows there: account the crossing if any."""
+        wrote = kv.side.get(layer, side)
+        if wrote != side:
+            nbytes = 2 * p.rows * self.spec.kv_dim * 2
+            self.pool.transfer(f"kv_cache.layer{layer}", "to_device" if side == "npu" else "from_device", nbytes)
+
+    def _host_transposes(self, g: KernelGroup, p: Pass) -> None:
+        """Layout ``host_transpose``: Q, new K/V rows and the output go through the host to be transposed."""
+        if self.policy.layout != "host_transpose":
+            return
+        s = self.spec
+        for name, width in (("q", s.q_dim), ("k", s.kv_dim), ("v", s.kv_dim), ("attn_out", s.q_dim)):
+            nbytes = p.rows * width * 2
+            self.pool.transfer(f"{name}.transpose", "from_device", nbytes)
+            self.trace.add(
+                "sync",
+                f"host_transpose:{name}",
+                self.hc.cpu_estimate_s(2 * nbytes),
+                group=g.name,
+                layer=self._ctx.get("layer"),
+                phase=p.phase,
+                bytes=nbytes,
+            )
+            self.pool.transfer(f"{name}.transpose", "to_device", nbytes)
+
+    def _kv_args(self, layer: int, p: Pass, kv: KVState) -> dict[str, Any]:
+        if p.dry:
+            return {"start": p.start}
+        return {"k_cache": kv.cache.keys(layer, p.rows), "v_cache": kv.cache.values(layer, p.rows), "start": p.start}
+
+    def _tables(self, tables: DeviceBuffer) -> dict[str, torch.Tensor]:
+        t = self.pool.host_view(tables)
+        half = t.shape[-1] // 2
+        return {"cos": t[:, :half], "sin": t[:, half:]}
+
+    # ---- CPU ------------------------------------------------------------------------------------
+    def _run_cpu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
+        s = self.spec
+        inputs: dict[str, torch.Tensor] = {}
+        if any(self.graph.node(c.op).kind == "kv_write" for c in g.calls):
+            kv.side[layer] = "cpu"
+        for call in g.calls:
+            node = self.graph.node(call.op)
+            for v in node.inputs:
+                if v != KV_STATE and v in env and v not in inputs:
+                    inputs[v] = self.pool.host_view(env[v])
+            if node.kind == "attention":
+                self._kv_to("cpu", layer, p, kv)
+        tab = self._tables(tables) if any(self.graph.node(c.op).kind == "rope" for c in g.calls) else {}
+        nbytes = 0
+
+        def compute() -> dict[str, torch.Tensor]:
+            local = dict(inputs)
+            out: dict[str, torch.Tensor] = {}
+            for call in g.calls:
+                node = self.graph.node(call.op)
+                ins = [local[v] for v in node.inputs if v != KV_STATE]
+                w = [weights[n].host for n in node.weights]
+                r = self._host_op(node, ins, w, tab, p, layer, kv)
+                if r is not None:
+                    local[node.output] = r
+                    out[node.output] = r
+            return out
+
+        for call in g.calls:
+            node = self.graph.node(call.op)
+            nbytes += sum(int(weights[n].nbytes) for n in node.weights)
+            widths = [self.graph.value_width(v, s) for v in node.inputs if v != KV_STATE]
+            nbytes += 2 * p.rows * (node.width + sum(widths))
+        if p.dry:
+            key = (tuple((c.op, self._ctx.get("phase")) for c in g.calls), p.rows, p.context)
+            secs = self.timer.seconds(key, nbytes, lambda: self._dry_cpu(g, p))
+            for call in g.calls:
+                node = self.graph.node(call.op)
+                if node.kind == "kv_write":
+                    kv.side[layer] = "cpu"
+                else:
+                    buf = self.pool.buffer(f"{p.phase}.{node.output}")
+                    buf.write(torch.empty(p.rows, node.width, dtype=BF16, device=META))
+                    env[node.output] = buf
+            self.trace.add("cpu", g.name, secs, clock=self.timer.clock, group=g.name, layer=layer, phase=p.phase)
+            return
+        t0 = time.perf_counter()
+        out = compute()
+        secs = time.perf_counter() - t0
+        self.trace.add("cpu", g.name, secs, group=g.name, layer=layer, phase=p.phase)
+        for name, t in out.items():
+            if name == KV_STATE:
+                continue
+            buf = self.pool.buffer(f"{p.phase}.{name}")
+            buf.write(t)
+            env[name] = buf
+
+    def _host_op(self, node: OpNode, ins, w, tab, p: Pass, layer, kv: KVState) -> torch.Tensor | None:
+        s, k = self.spec, node.kind
+        if k == "rmsnorm":
+            return host_ops.rmsnorm(ins[0], w[0], s.rms_eps)
+        if k == "head_norm":
+            return host_ops.head_norm(ins[0], w[0], s.rms_eps, s.head_dim)
+        if k in ("linear", "lm_head"):
+            return host_ops.linear(ins[0], w[0])
+        if k == "bias":
+            return host_ops.bias_add(ins[0], w[0])
+        if k == "rope":
+            return host_ops.rope(ins[0], tab["cos"], tab["sin"], s.head_dim)
+        if k == "add":
+            return host_ops.add(ins[0], ins[1])
+        if k == "swiglu":
+            return host_ops.swiglu(ins[0], ins[1])
+        if k == "kv_write":
+            kv.cache.write(layer, ins[0], ins[1])
+            kv.side[layer] = "cpu"
+            return None
+        if k == "attention":
+            keys, vals = kv.cache.keys(layer, p.rows), kv.cache.values(layer, p.rows)
+            return host_ops.attention(ins[0], keys, vals, p.start, s.n_heads, s.n_kv_heads, s.head_dim)
+        raise ValueError(f"no host op for kind {k!r}")
+
+    def _dry_cpu(self, g: KernelGroup, p: Pass) -> None:
+        """Run a CPU group's host ops once on zero tensors of the real shapes (for HostOpTimer)."""
+        from tilepilot.plan.graph import weight_shape
+
+        s = self.spec
+        half = s.head_dim // 2
+        tab = {"cos": torch.zeros(p.rows, half), "sin": torch.zeros(p.rows, half)}
+        for call in g.calls:
+            node = self.graph.node(call.op)
+            ins = [torch.zeros(p.rows, self.graph.value_width(v, s), dtype=BF16) for v in node.inputs if v != KV_STATE]
+            w = [torch.zeros(weight_shape(s, n), dtype=BF16) for n in node.weights]
+            if node.kind == "kv_write":
+                torch.zeros(p.context, 2 * s.kv_dim, dtype=BF16)[-p.rows :].copy_(torch.cat(ins, dim=1))
+            elif node.kind == "attention":
+                kz = torch.zeros(p.context, s.kv_dim, dtype=BF16)
+                host_ops.attention(ins[0], kz, kz, p.start, s.n_heads, s.n_kv_heads, s.head_dim)
+            else:
+                self._host_op(node, ins, w, tab, p, None, KVState())
