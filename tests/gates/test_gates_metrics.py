@@ -103,7 +103,7 @@ def test_low_precision_and_numpy_inputs_are_upcast():
 
 def test_cosine_is_accurate_on_vocabulary_sized_tensors():
     """FP32 dot products drift by ~1e-4 at this size; the metrics accumulate in FP64."""
-    x = torch.randn(4_000_000) + 3.0
+    x = torch.randn(2_000_000) + 3.0
     assert abs(cosine(x, x) - 1.0) < 1e-9
     assert abs(pearson(x, x) - 1.0) < 1e-9
     assert abs(float(per_position_cosine(x.reshape(8, -1), x.reshape(8, -1)).min()) - 1.0) < 1e-9
