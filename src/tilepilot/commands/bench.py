@@ -1,0 +1,211 @@
+"""``tilepilot bench PATH [--prompt-len 2048] [--decode-tokens N] [--plan ...] [--json] [--trace FILE]``.
+
+Two kinds of numbers, side by side and labelled:
+
+- **modeled**: the plan timed at ``--prompt-len`` (TTFT) and one decode step at that context
+  (``plan.timing.time_plan``): NPU dispatches and buffer syncs from the timing model, CPU groups at
+  their CPU time measured on this machine at those shapes;
+- **measured**: host wall clock of a short *functional* run of the same plan on this machine
+  (prefill of ``--run-prompt-len`` tokens, default min(prompt-len, 32), then ``--decode-tokens`` greedy
+  steps). The functional run executes fewer prompt tokens than are modeled, to keep it short; both
+  lengths are printed.
+
+PATH is a workspace (``deployment.json``) or, until a deployment exists, a Hugging Face model directory:
+then ``--plan`` picks a built-in plan (default ``paper-like``) and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tilepilot.errors import InputError, WorkspaceError
+
+PLANS = ("deployed", "default", "iron-like", "paper-like")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench",
+        help="modeled TTFT/decode of a plan plus the measured host time of a short functional run",
+        description="Benchmark a deployment (WORKSPACE) or a model directory with a built-in plan. "
+        "NPU times are modeled; host wall-clock times are measured.",
+    )
+    p.add_argument("path", type=Path, metavar="WORKSPACE|MODEL_DIR")
+    p.add_argument("--prompt-len", type=int, default=2048, metavar="N", help="prompt length modeled for TTFT")
+    p.add_argument("--decode-tokens", type=int, default=8, metavar="N", help="decode steps of the functional run")
+    p.add_argument(
+        "--run-prompt-len", type=int, default=None, metavar="N", help="prompt tokens the functional run executes"
+    )
+    p.add_argument("--plan", choices=PLANS, default=None, help="deployed (workspace default) or a built-in plan")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE", help="write the functional run's Chrome trace")
+    return p
+
+
+def _resolve(path: Path, plan_name: str | None):
+    """(plan, spec, model_dir) from a workspace or a model directory."""
+    from tilepilot.model.spec import load_spec
+    from tilepilot.plan.builtin import builtin_plan
+    from tilepilot.workspace import is_workspace, load_workspace
+
+    if is_workspace(path):
+        ws = load_workspace(path)
+        if plan_name in (None, "deployed"):
+            return ws.plan, ws.spec, ws.model_dir
+        return builtin_plan(plan_name, ws.spec), ws.spec, ws.model_dir
+    if (path / "config.json").is_file():
+        if plan_name == "deployed":
+            raise WorkspaceError(f"{path} is a model directory, not a workspace; pick --plan iron-like or paper-like")
+        spec = load_spec(path)
+        return builtin_plan(plan_name or "paper-like", spec), spec, path
+    raise WorkspaceError(f"{path} is neither a workspace nor a model directory; pass one of them")
+
+
+def _run_ids(tokenizer: Any, n: int, vocab: int) -> list[int]:
+    """A deterministic prompt of exactly ``n`` tokens (tokenized text, repeated, or plain ids without one)."""
+    if tokenizer is not None:
+        text = "The quick brown fox jumps over the lazy dog while the NPU streams weights through its tiles. "
+        ids = list(tokenizer.encode(text * (1 + n // 8), add_bos=False))
+        if len(ids) >= n:
+            return ids[:n]
+    return [(7 * i + 3) % vocab for i in range(n)]
+
+
+def bench(
+    path: Path,
+    prompt_len: int = 2048,
+    decode_tokens: int = 8,
+    plan_name: str | None = None,
+    run_prompt_len: int | None = None,
+    trace_path: Path | None = None,
+) -> dict[str, Any]:
+    from tilepilot.model.checkpoint import load_checkpoint
+    from tilepilot.npu.trace import Trace
+    from tilepilot.plan.timing import time_plan
+    from tilepilot.runner.npu_runner import NpuRunner
+
+    if prompt_len < 1 or decode_tokens < 0:
+        raise InputError("--prompt-len must be >= 1 and --decode-tokens >= 0")
+    plan, spec, model_dir = _resolve(Path(path), plan_name)
+    if prompt_len + 1 > spec.max_positions:
+        raise InputError(f"prompt has {prompt_len} tokens but the model's context is {spec.max_positions}; shorten it")
+    modeled = time_plan(plan, spec, prompt_len=prompt_len)
+    run_len = min(prompt_len, run_prompt_len or 32)
+    try:
+        from tilepilot.model.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_dir(model_dir)
+    except Exception:  # noqa: BLE001 - a model without a usable tokenizer still benches on plain ids
+        tokenizer = None
+    t0 = time.perf_counter()
+    weights = load_checkpoint(model_dir)
+    trace = Trace()
+    runner = NpuRunner(plan, weights, trace=trace)
+    load_s = time.perf_counter() - t0
+    result = runner.generate(_run_ids(tokenizer, run_len, spec.vocab), decode_tokens + 1, stop_ids=())
+    if trace_path is not None:
+        trace.to_chrome(trace_path)
+    return {
+        "model": spec.name,
+        "plan": plan.name,
+        "modeled": {
+            "clock": "modeled (NPU + syncs); CPU groups at measured CPU time",
+            "prompt_len": prompt_len,
+            "ttft_s": modeled.ttft_s,
+            "decode_ms_per_token": modeled.decode_s_per_token * 1e3,
+            "decode_tok_s": modeled.decode_tok_s,
+            "decode_context_len": modeled.context_len,
+            "weights_preload_s": modeled.load_s,
+            "dispatches_per_token": dict(modeled.dispatches),
+            "dispatches_per_layer": {s: plan.dispatches_per_layer(s) for s in ("prefill", "decode")},
+            "groups": [{"name": g.name, **per_layer_entry(g)} for g in modeled.groups],
+        },
+        "functional_run": {
+            "clock": "measured host wall clock on this machine",
+            "prompt_tokens_executed": run_len,
+            "decode_steps": result.n_decode_steps,
+            "load_s": load_s,
+            "prefill_s": result.prefill_host_s,
+            "decode_s": result.decode_host_s,
+            "host_decode_tok_s": result.host_decode_tok_s,
+            "modeled_ttft_s_at_run_len": result.modeled_ttft_s,
+            "dispatches_traced": trace.count("dispatch"),
+            "trace": str(trace_path) if trace_path else None,
+        },
+    }
+
+
+def per_layer_entry(g) -> dict[str, Any]:
+    return {
+        "stage": g.stage,
+        "part": g.part,
+        "where": g.where,
+        "calls": g.calls,
+        "dispatch_ms": g.dispatch_s * 1e3,
+        "sync_ms": g.sync_s * 1e3,
+        "cpu_ms": g.cpu_s * 1e3,
+        "per_call_ms": g.per_call_s * 1e3,
+    }
+
+
+def _print(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    m, f = res["modeled"], res["functional_run"]
+    top = Table(title=f"tilepilot bench: {res['model']} / plan {res['plan']}")
+    top.add_column("figure")
+    top.add_column("value", justify="right")
+    top.add_column("clock")
+    top.add_row(f"TTFT @ {m['prompt_len']} tokens", f"{m['ttft_s'] * 1e3:,.1f} ms", "modeled")
+    top.add_row(f"decode @ context {m['decode_context_len']}", f"{m['decode_ms_per_token']:,.2f} ms/token", "modeled")
+    top.add_row("decode throughput", f"{m['decode_tok_s']:,.2f} tok/s", "modeled")
+    d = m["dispatches_per_token"]
+    top.add_row("dispatches per token", f"{d['prefill']} prefill / {d['decode']} decode", "plan")
+    dl = m["dispatches_per_layer"]
+    top.add_row("dispatches per layer", f"{dl['prefill']} prefill / {dl['decode']} decode", "plan")
+    top.add_row("weight preload (once)", f"{m['weights_preload_s'] * 1e3:,.1f} ms", "modeled")
+    top.add_row(
+        f"functional run: prefill {f['prompt_tokens_executed']} tokens", f"{f['prefill_s']:.3f} s", "measured (host)"
+    )
+    top.add_row(
+        f"functional run: {f['decode_steps']} decode steps",
+        f"{f['decode_s']:.3f} s = {f['host_decode_tok_s']:.2f} tok/s",
+        "measured (host)",
+    )
+    con.print(top)
+    groups = Table(title="per-group breakdown (modeled; block groups per layer, ms)")
+    for col in ("stage", "group", "where", "calls", "per call", "dispatch", "syncs", "cpu"):
+        groups.add_column(col, justify="right" if col not in ("stage", "group", "where") else "left")
+    for g in m["groups"]:
+        groups.add_row(
+            g["stage"],
+            g["name"],
+            g["where"],
+            str(g["calls"]),
+            f"{g['per_call_ms']:.3f}",
+            f"{g['dispatch_ms']:.3f}",
+            f"{g['sync_ms']:.3f}",
+            f"{g['cpu_ms']:.3f}",
+        )
+    con.print(groups)
+    con.print(
+        f"NPU and sync times are modeled; CPU groups are CPU time measured on this machine. The functional run "
+        f"executed {f['prompt_tokens_executed']} prompt tokens (the modeled TTFT is for {m['prompt_len']})."
+    )
+    if f["trace"]:
+        con.print(f"Chrome trace of the functional run: {f['trace']}")
+
+
+def run(args) -> int:
+    res = bench(args.path, args.prompt_len, args.decode_tokens, args.plan, args.run_prompt_len, args.trace)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        _print(res)
+    return 0
