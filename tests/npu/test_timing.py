@@ -376,3 +376,12 @@ def test_fifo_between_neighbours_costs_no_dma():
     assert near.workers[0].dma_out_cycles == 0 and near.workers[1].dma_in_cycles == 0
     assert far.workers[0].dma_out_cycles > 0 and far.workers[1].dma_in_cycles > 0
     assert timing.structure(_chain(Tile(0, 3))) != timing.structure(_chain(Tile(3, 4)))
+
+
+def test_shim_channel_rate_caps_streams_from_ddr():
+    d = gemm_design(1, 2048, 8192, rows=1, cols=8, tm=1, tk=256, tn=64)
+    fast = time_design(d, CALIBRATION.tuned(shim_channel_bytes_per_s=14.4e9))
+    slow = time_design(d, CALIBRATION.tuned(shim_channel_bytes_per_s=2e9))
+    assert slow.seconds > fast.seconds and slow.limiter.startswith("shim")
+    per_column_weights = 2048 * 8192 * 2 / 8
+    assert slow.seconds >= per_column_weights / 2e9

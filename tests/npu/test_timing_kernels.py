@@ -28,8 +28,8 @@ def test_gemm_design_respects_the_array_peak(variant, peak):
     assert t.macs == d.meta["macs"] == 2048**3
     assert t.ddr_read_bytes == d.meta["ddr_read_bytes"] and t.ddr_write_bytes == d.meta["ddr_write_bytes"]
     assert t.seconds >= t.macs / (peak * dev.n_compute_tiles * dev.clock_hz)
-    # at twice the MAC rate the block-FP16 variant runs into DDR on this shape
-    assert t.bound == ("compute" if variant == "vector" else "ddr")
+    # at twice the MAC rate the block-FP16 variant runs into data movement (shim channels / DDR) on this shape
+    assert (t.bound == "compute") == (variant == "vector")
 
 
 def test_gemm_variants_order_scalar_vector_bfp16():

@@ -29,11 +29,12 @@ from tilepilot.npu.device import DDR_BYTES_PER_S_THEORETICAL, Device
 # The numbers are what fraction of the variant's peak rate (MACs/cycle or vector ops/cycle) the tile
 # kernel sustains inside its loop, loop overhead excluded.
 _EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (
-    # FITTED by hand (grid 0.18-0.30, loop_overhead_cycles 100-500) to the 25 bf16-output "drain"/"direct" GEMM
-    # rows of npu2_kernel_measurements.json, each timed as kernels.gemm.make_design with the row's tile_m/tile_k
-    # and the largest tile_n <= the row's that fits L1 without padding N: median |modeled/measured - 1| = 12 %,
-    # ratios 0.65-1.16. (AIR's best GEMMs reach 24-33 % of the 29.5 TFLOP/s peak end to end.)
-    ("gemm", 0.23),
+    # FITTED by hand (grid 0.18-0.30, loop_overhead_cycles 100-500, with shim_channel_bytes_per_s) to the 25
+    # bf16-output "drain"/"direct" GEMM rows of npu2_kernel_measurements.json, each timed as
+    # kernels.gemm.make_design with the row's tile_m/tile_k and the largest tile_n <= the row's that fits L1
+    # without padding N: median |modeled/measured - 1| = 15 %, ratios 0.72-1.43. (AIR's best GEMMs reach 24-33 %
+    # of the 29.5 TFLOP/s peak end to end.)
+    ("gemm", 0.20),
     # ESTIMATE: elementwise add/mul keep up with DMA (npu2_kernel_measurements.json "eltwise_add" is DDR-bound).
     ("eltwise", 0.5),
 )
@@ -70,6 +71,12 @@ class Calibration:
     # Usable NPU share of DDR bandwidth, reads + writes together. FITTED by hand to the slope of the same four
     # eltwise_add rows (70.7 GB/s); xdna2.md: streaming kernels reach >= ~60 GB/s; physical ceiling 120 GB/s.
     ddr_bytes_per_s: float = 70e9
+    # What one shim DMA channel sustains to or from DDR: outstanding NoC requests x DDR latency cap it below the
+    # 14.4 GB/s stream port. Evidence (xdna2.md): AIR's best GEMVs (8 weight streams) plateau at 30-33 GB/s, "half
+    # of what DDR allows", i.e. ~4 GB/s per stream. FITTED by hand jointly with the gemm efficiency (grid 4-6 GB/s)
+    # to the GEMV rows (via kernels.gemv.from_air_tile) and the GEMM rows: 5.0 GB/s gives GEMV median error 13 %
+    # (ratios 0.71-1.12) while keeping GEMM at 15 % (0.72-1.43); eltwise rows stay DDR-bound (2 %).
+    shim_channel_bytes_per_s: float = 5.0e9
     # Fixed latency of one DMA hop (BD fetch, lock hand-off, DDR access latency) paid when a pipeline fills or
     # drains. ESTIMATE (~0.3 us per hop); only matters for small launches.
     dma_hop_latency_cycles: float = 500.0
@@ -106,7 +113,8 @@ class Calibration:
         if positive:
             raise ConfigError(f"Calibration constants {positive} are negative; every constant must be >= 0.")
         for name in ("core_load_bytes_per_cycle", "vector_ops_per_cycle", "ddr_bytes_per_s", "host_copy_bytes_per_s",
-                     "host_cpu_bytes_per_s", "scalar_macs_per_cycle", "scalar_ops_per_cycle"):  # fmt: skip
+                     "host_cpu_bytes_per_s", "scalar_macs_per_cycle", "scalar_ops_per_cycle",
+                     "shim_channel_bytes_per_s"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ConfigError(f"Calibration rate {name} must be > 0, got {getattr(self, name)}.")
         effs = dict(self.efficiency_table)

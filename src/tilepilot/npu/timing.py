@@ -317,7 +317,8 @@ def _time_structure(s: Structure, cal: Calibration) -> DesignTiming:
     for wt in workers:
         limits.append((f"worker {wt.name}", wt.total_cycles, wt.bound))
     limits += _mem_tile_limits(s, fifo_bytes, dev, bpc)
-    limits += _shim_limits(s, fifos, dev, bpc)
+    # A shim channel streams 8 B/cycle into the array but fetches from DDR through the NoC, which caps one channel.
+    limits += _shim_limits(s, fifos, dev, min(bpc, cal.shim_channel_bytes_per_s / dev.clock_hz))
     ddr_read = max(sum(t.nbytes for t in s.tasks if t.kind == "fill"), s.meta_ddr_bytes[0])
     ddr_write = max(sum(t.nbytes for t in s.tasks if t.kind == "drain"), s.meta_ddr_bytes[1])
     limits.append(("ddr", (ddr_read + ddr_write) / cal.ddr_bytes_per_s * dev.clock_hz, "ddr"))
