@@ -23,7 +23,8 @@ same time on their own channels.
 Per design (cycles)::
 
     steady = max(worker calls * call  (slowest worker),
-                 busiest memory-tile / shim channel: bytes over the run / stream_bytes_per_cycle,
+                 busiest memory-tile channel: bytes over the run / stream_bytes_per_cycle,
+                 busiest shim channel: bytes over the run / min(stream_bytes_per_cycle, shim channel DDR rate),
                  DDR bytes (read + write) / usable DDR bandwidth)
     design = fill + steady + drain + (task groups - 1) * (fill + drain)
 
