@@ -92,3 +92,23 @@ def test_bad_events_and_bad_files_are_user_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(WorkspaceError):
         Trace.from_chrome(bad)
+
+
+def test_add_dispatch_lays_out_launches_inside_the_dispatch():
+    from tilepilot.kernels import eltwise
+    from tilepilot.npu.timing import time_group
+
+    designs = [eltwise.make_design(eltwise.Shape(1 << 16, "add"), eltwise.Config(tiles=8, chunk=1024)) for _ in "ab"]
+    designs[1].name = "second"
+    g = time_group(designs)
+    t = Trace()
+    t.add("host", "prep", 0.001)
+    d = t.add_dispatch(g, group="resid", layer=3, phase="decode")
+    assert d.duration_s == pytest.approx(g.seconds) and d.start_s == pytest.approx(0.001)
+    launches = [e for e in t.events if e.kind == "launch"]
+    assert [e.name for e in launches] == [designs[0].name, "second"]
+    assert all(d.start_s <= e.start_s <= e.end_s <= d.end_s + 1e-12 for e in launches)
+    assert launches[0].end_s <= launches[1].start_s
+    assert t.count("dma") == 2 and t.total_s("modeled") == pytest.approx(g.seconds)  # no double counting
+    assert d.macs == g.macs and d.bytes == g.ddr_bytes and d.layer == 3 and d.phase == "decode"
+    assert t.cursor_s == pytest.approx(d.end_s)

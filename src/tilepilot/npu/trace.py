@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tilepilot.errors import InputError, WorkspaceError
 
@@ -134,6 +135,43 @@ class Trace:
         start = self.cursor_s
         event = TraceEvent(name, kind, start, start + duration_s, clock, group, layer, phase, int(bytes), int(macs))
         return self.record(event)
+
+    def add_dispatch(
+        self,
+        timing: Any,
+        *,
+        group: str | None = None,
+        layer: int | None = None,
+        phase: str | None = None,
+    ) -> TraceEvent:
+        """Record a modeled dispatch (an ``npu.timing.GroupTiming``) at the cursor: the dispatch itself, one
+        launch event per design inside it, and each launch's DDR traffic as a DMA event over the launch.
+
+        The dispatch overhead comes first; the remaining non-kernel time (tile configuration, per-launch cost)
+        is spread evenly before the launches.
+        """
+        group = group or timing.name
+        dispatch = self.add(
+            "dispatch",
+            timing.name,
+            timing.seconds,
+            group=group,
+            layer=layer,
+            phase=phase,
+            bytes=sum(d.ddr_bytes for d in timing.designs),
+            macs=sum(d.macs for d in timing.designs),
+        )
+        designs = list(timing.designs)
+        gap = max(timing.seconds - timing.dispatch_overhead_s - sum(d.seconds for d in designs), 0.0) / len(designs)
+        t = dispatch.start_s + timing.dispatch_overhead_s
+        for d in designs:
+            t += gap
+            end = min(t + d.seconds, dispatch.end_s)
+            common = {"clock": "modeled", "group": group, "layer": layer, "phase": phase}
+            self.record(TraceEvent(d.name, "launch", t, end, bytes=d.ddr_bytes, macs=d.macs, **common))
+            self.record(TraceEvent(f"ddr {d.name}", "dma", t, end, bytes=d.ddr_bytes, **common))
+            t = end
+        return dispatch
 
     # --- queries ----------------------------------------------------------------------------------------------------
     def top_level(self) -> list[TraceEvent]:
