@@ -334,6 +334,10 @@ def test_calibration_lists_fitted_and_physical_constants():
     assert phys["clock_hz"] == 1.8e9 and phys["bf16_macs_per_cycle_per_tile"] == 256
     assert phys["stream_bytes_per_cycle_per_channel"] == 8
     assert math.isfinite(CALIBRATION.to_dict()["ddr_bytes_per_s"])
+    back = Calibration.from_dict(CALIBRATION.to_dict())
+    assert back.to_dict() == CALIBRATION.to_dict() and back == CALIBRATION
+    with pytest.raises(ConfigError):
+        Calibration.from_dict({"nonsense": 1})
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -28,15 +28,15 @@ from tilepilot.npu.device import DDR_BYTES_PER_S_THEORETICAL, Device
 # Kernel families whose efficiency the table below names; any other family uses ``default_efficiency``.
 # The numbers are what fraction of the variant's peak rate (MACs/cycle or vector ops/cycle) the tile
 # kernel sustains inside its loop, loop overhead excluded.
-_EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (
+_EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (  # sorted by family name
+    # ESTIMATE: elementwise add/mul keep up with DMA (npu2_kernel_measurements.json "eltwise_add" is DDR-bound).
+    ("eltwise", 0.5),
     # FITTED by hand (grid 0.18-0.30, loop_overhead_cycles 100-500, with shim_channel_bytes_per_s) to the 25
     # bf16-output "drain"/"direct" GEMM rows of npu2_kernel_measurements.json, each timed as
     # kernels.gemm.make_design with the row's tile_m/tile_k and the largest tile_n <= the row's that fits L1
     # without padding N: median |modeled/measured - 1| = 15 %, ratios 0.72-1.43. (AIR's best GEMMs reach 24-33 %
     # of the 29.5 TFLOP/s peak end to end.)
     ("gemm", 0.20),
-    # ESTIMATE: elementwise add/mul keep up with DMA (npu2_kernel_measurements.json "eltwise_add" is DDR-bound).
-    ("eltwise", 0.5),
 )
 
 
@@ -160,6 +160,20 @@ class Calibration:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["efficiency_table"] = dict(self.efficiency_table)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        """Inverse of ``to_dict`` (e.g. a fit's result read back); unknown keys are an error, missing ones default."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"Unknown calibration constants {unknown}; use names from Calibration ({sorted(names)}).")
+        values = dict(data)
+        if "efficiency_table" in values:
+            values["efficiency_table"] = tuple(
+                sorted((str(k), float(v)) for k, v in dict(values["efficiency_table"]).items())
+            )
+        return cls(**values)
 
 
 PHYSICAL_FIELDS: tuple[str, ...] = ("core_load_bytes_per_cycle", "vector_ops_per_cycle")
