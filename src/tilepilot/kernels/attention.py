@@ -1,0 +1,565 @@
+"""Causal grouped-query attention: prefill flash attention and decode attention over the KV cache.
+
+One family, one dataflow: ``q_len`` queries at absolute positions ``kv_len - q_len ..`` attend to
+``kv_len`` keys (prefill without a cache: q_len == kv_len; decode: q_len == 1, kv_len = context).
+Query head h reads KV head h // (n_heads / n_kv_heads), as transformers' ``repeat_kv`` does.
+
+Tensors (seq-first, as the projections write them; no host transposes):
+- ``q`` [q_len, n_heads * head_dim] (after RoPE), ``o`` [q_len, n_heads * head_dim];
+- ``kv`` [kv_pad, 2 * kv_dim]: row p = [k_p | v_p], the KV-cache layout this family reads (one DDR stream
+  brings a key block and its value block together). ``kv_pad`` rounds kv_len up to whole key blocks;
+  the padding rows must be finite (``prepare_inputs`` zero-fills them) and are masked by causality,
+  since every query sits before them.
+
+Dataflow. A unit of work is (a chunk of ``heads_per_col`` consecutive query heads, one tile of
+``tile_q`` queries). Units are dealt to ``cols`` columns (longest first, to balance the causal
+triangle); inside a column, worker s (compute row 2 + s) computes head s of the chunk, so all the
+column's workers need the same key/value blocks:
+- q: the chunk's [heads, tile_q, head_dim] block through the shim into the column's memory tile, split
+  into one [tile_q, head_dim] object per worker (straight to the worker when heads_per_col == 1);
+- kv: per key block, [tile_k, 2, head_dim] of the KV head, broadcast to the column's workers; when a
+  chunk spans several KV heads (heads_per_col > group), the block carries them all and the memory tile
+  splits it per KV head, each part broadcast to that head's workers;
+- o: each worker's [tile_q, head_dim] result joined in the memory tile and drained to o.
+Three DDR streams per column (q, kv in; o out) fit the shim's 2 + 2 channels on all 8 columns. A unit
+only streams the key blocks its last query can see (causal skipping). Runtime tasks are grouped so a
+shim never holds more BDs than it has.
+
+Numerics (flash attention with online softmax, fp32 state, bf16 in and out), per key block:
+    s   = (q . k) exact sum of bf16 products -> fp32, times 1/sqrt(d) (fp32); masked (key after query) -> -inf
+    m'  = max(m, rowmax s);  p = exp(s - m');  c = exp(m - m')            (fp32)
+    l   = l * c + rowsum p                                                   (sum exact -> fp32)
+    acc = acc * c + bf16(p) . v      (p rounded to bf16 for the MMUL; exact sum -> fp32)
+    o   = bf16(acc / l) after the last block.
+The tile path and ``fast(exact=True)`` evaluate exp in fp64 rounded to fp32 and sums exactly (fp64)
+rounded to fp32, block by block, so they agree bit for bit. ``fast(exact=False)`` (production) computes
+every block of a query chunk at once in fp32 and combines the blocks in closed form
+(sum_b exp(m_b - m_last) x block_b instead of rescaling block after block): the same value up to fp32
+rounding, so outputs differ from the exact path by a bf16 ulp on a small fraction of elements (tested).
+AIR's measured kernel keeps the running statistics in bf16; this family keeps them in fp32 and pays for it
+in tile memory (smaller tiles at head_dim 128).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tilepilot.errors import ConfigError
+from tilepilot.kernels._stream import shape_error
+from tilepilot.model.spec import ModelSpec
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import (
+    Acquire,
+    Call,
+    Design,
+    ObjectFifo,
+    Release,
+    Runtime,
+    TensorSpec,
+    Tile,
+    TileKernel,
+    Worker,
+    join,
+    split,
+)
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.validate import CORE_STACK_BYTES, legal_taps
+from tilepilot.oracle import ops
+
+FAMILY = "attention"
+VARIANTS = ("vector", "scalar")
+MMUL_M = 4  # bf16 MMUL 4x8x8 (mlir-aie _MM_MAC_DIMS["aie2p"]): query rows are computed in groups of 4
+MMUL_KN = 8
+# ESTIMATES of fp32 vector operations: per score (scale, mask select, running max, subtract, exp ~6 ops on
+# an AIE without a native fp32 exp, row sum, bf16 convert of p), per accumulator element (rescale
+# multiply and add), per query row and block (max merge, exp of the correction, l update, reduction trees).
+OPS_PER_SCORE = 12
+OPS_PER_ACC = 2
+OPS_PER_ROW = 24
+OPS_PER_OUTPUT = 3  # final divide by l and bf16 convert, per output element (once per unit)
+FAST_CHUNK_ROWS = 256  # production fast path: queries per chunk (bounds host memory of the score matrix)
+
+
+@dataclass(frozen=True)
+class Shape:
+    q_len: int
+    kv_len: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    @property
+    def group(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def q_start(self) -> int:
+        """Absolute position of the first query."""
+        return self.kv_len - self.q_len
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class Config:
+    cols: int = 8
+    heads_per_col: int = 4
+    tile_q: int = 32
+    tile_k: int = 64
+    depth: int = 2  # depth of the key/value fifos (q and o are held per unit, depth 1)
+    variant: str = "vector"
+
+
+def shape_for(spec: ModelSpec, q_len: int, kv_len: int | None = None) -> Shape:
+    """Prefill (kv_len None: no cache before the prompt) or decode/chunked-prefill attention of ``spec``."""
+    return Shape(q_len, q_len if kv_len is None else kv_len, spec.n_heads, spec.n_kv_heads, spec.head_dim)
+
+
+def kv_rows(shape: Shape, config: Config) -> int:
+    """Rows of the kv tensor the design reads: kv_len rounded up to whole key blocks."""
+    return -(-shape.kv_len // config.tile_k) * config.tile_k
+
+
+def blocks_needed(shape: Shape, config: Config, q_tile: int) -> int:
+    """Key blocks query tile ``q_tile`` can see: up to the block holding its last query's position."""
+    last = shape.q_start + (q_tile + 1) * config.tile_q - 1
+    return last // config.tile_k + 1
+
+
+def l1_bytes(shape: Shape, config: Config) -> int:
+    tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
+    fifos = 2 * tq * d * 2 + config.depth * tk * 2 * d * 2
+    return fifos + _local(shape, config) + CORE_STACK_BYTES
+
+
+def _local(shape: Shape, config: Config) -> int:
+    tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
+    return 4 * (tq * d + tq * tk + 2 * tq)  # fp32 accumulator, scores, running max and denominator
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Arithmetic shared by the tile path and the fast paths
+# ----------------------------------------------------------------------------------------------------------------------
+def _exp(x: torch.Tensor, exact: bool) -> torch.Tensor:
+    return torch.exp(x.to(torch.float64)).to(torch.float32) if exact else torch.exp(x)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor, exact: bool) -> torch.Tensor:
+    """a @ b of bf16 operands with an fp32 result: exact sum rounded once (exact) or an fp32 matmul."""
+    if exact:
+        return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.float32)
+    return torch.matmul(a.to(torch.float32), b.to(torch.float32))
+
+
+def block_update(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    masked: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    scale: float,
+    exact: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key block of the online softmax. q [..., n, d], k/v [..., tk, d] (bf16), masked [n, tk] (True = hidden).
+
+    ``state`` = (m [..., n], l [..., n], acc [..., n, d]) in fp32; returns the new state.
+    """
+    m, l, acc = state
+    s = _dot(q, k.transpose(-1, -2), exact) * scale
+    s = s.masked_fill(masked, float("-inf"))
+    m_new = torch.maximum(m, s.amax(-1))
+    p = _exp(s - m_new[..., None], exact)
+    corr = _exp(m - m_new, exact)
+    rowsum = p.to(torch.float64).sum(-1).to(torch.float32) if exact else p.sum(-1)
+    l_new = l * corr + rowsum
+    acc_new = acc * corr[..., None] + _dot(nx.round_bf16(p), v, exact)
+    return m_new, l_new, acc_new
+
+
+def initial_state(lead: tuple[int, ...], n: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.full((*lead, n), float("-inf"), dtype=torch.float32),
+        torch.zeros((*lead, n), dtype=torch.float32),
+        torch.zeros((*lead, n, d), dtype=torch.float32),
+    )
+
+
+def finish(state: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    _, l, acc = state
+    return nx.round_bf16(acc / l[..., None])
+
+
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """True where the key comes after the query (hidden)."""
+    return k_pos[None, :] > q_pos[:, None]
+
+
+def _split_kv(kv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv [rows, 2 * kv_dim] -> k, v [n_kv_heads, rows, head_dim] (views, no copy)."""
+    rows = kv.shape[0]
+    both = kv.reshape(rows, 2, shape.n_kv_heads, shape.head_dim)
+    return both[:, 0].permute(1, 0, 2), both[:, 1].permute(1, 0, 2)
+
+
+def attend_exact(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) -> torch.Tensor:
+    """The tile path's arithmetic at tensor level, block after block (bit-identical to it)."""
+    t, d, g = shape.q_len, shape.head_dim, shape.group
+    scale = 1.0 / math.sqrt(d)
+    k, v = _split_kv(kv, shape)  # [KV, S, d]
+    qh = q.reshape(t, shape.n_kv_heads, g, d).permute(1, 2, 0, 3)  # [KV, g, T, d]
+    m, l, acc = initial_state((shape.n_kv_heads, g), t, d)
+    q_pos = torch.arange(shape.q_start, shape.kv_len)
+    for b in range(kv.shape[0] // tile_k):
+        k0 = b * tile_k
+        r0 = max(0, k0 - shape.q_start)  # earlier queries see nothing of this block: a no-op for them
+        if r0 >= t:
+            break
+        masked = causal_mask(q_pos[r0:], torch.arange(k0, k0 + tile_k))
+        kb, vb = k[:, None, k0 : k0 + tile_k], v[:, None, k0 : k0 + tile_k]
+        part = (m[..., r0:], l[..., r0:], acc[..., r0:, :])
+        m[..., r0:], l[..., r0:], acc[..., r0:, :] = block_update(qh[..., r0:, :], kb, vb, masked, part, scale, True)
+    return finish((m, l, acc)).permute(2, 0, 1, 3).reshape(t, shape.q_dim)
+
+
+def attend_fast(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) -> torch.Tensor:
+    """Production path: per query chunk, all its key blocks at once in fp32, combined in closed form."""
+    t, d, g = shape.q_len, shape.head_dim, shape.group
+    scale = 1.0 / math.sqrt(d)
+    k, v = _split_kv(kv, shape)
+    qh = q.reshape(t, shape.n_kv_heads, g, d).permute(1, 2, 0, 3).to(torch.float32)
+    out = torch.empty(shape.n_kv_heads, g, t, d, dtype=torch.bfloat16)
+    for r0 in range(0, t, FAST_CHUNK_ROWS):
+        r1 = min(t, r0 + FAST_CHUNK_ROWS)
+        q_pos = torch.arange(shape.q_start + r0, shape.q_start + r1)
+        nb = (shape.q_start + r1 - 1) // tile_k + 1
+        keys = nb * tile_k
+        kb = k[:, :keys].to(torch.float32)  # [KV, keys, d]
+        vb = v[:, :keys].to(torch.float32).reshape(shape.n_kv_heads, nb, tile_k, d)
+        s = torch.einsum("kgnd,ksd->kgns", qh[..., r0:r1, :], kb) * scale
+        s = s.masked_fill(causal_mask(q_pos, torch.arange(keys)), float("-inf"))
+        s = s.reshape(*s.shape[:-1], nb, tile_k)
+        m_run = torch.cummax(s.amax(-1), dim=-1).values  # running max after each block [KV, g, n, nb]
+        p = torch.exp(s - m_run[..., None])
+        weight = torch.exp(m_run - m_run[..., -1:])  # brings block b to the final max
+        l = (p.sum(-1) * weight).sum(-1)
+        pv = torch.einsum("kgnbt,kbtd->kgnbd", nx.round_bf16(p).to(torch.float32), vb)
+        acc = (pv * weight[..., None]).sum(-2)
+        out[..., r0:r1, :] = nx.round_bf16(acc / l[..., None])
+    return out.permute(2, 0, 1, 3).reshape(t, shape.q_dim)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Design
+# ----------------------------------------------------------------------------------------------------------------------
+def _check(shape: Shape, config: Config, device: Device) -> None:
+    if config.variant not in VARIANTS:
+        raise shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if min(shape.q_len, shape.kv_len, shape.n_heads, shape.n_kv_heads, shape.head_dim) < 1:
+        raise shape_error(FAMILY, f"shape {shape} has an empty dimension")
+    if shape.n_heads % shape.n_kv_heads:
+        raise shape_error(FAMILY, f"{shape.n_heads} query heads do not group over {shape.n_kv_heads} KV heads")
+    if shape.q_len > shape.kv_len:
+        raise shape_error(FAMILY, f"{shape.q_len} queries need at least as many keys, got kv_len {shape.kv_len}")
+    if shape.head_dim % MMUL_KN or config.tile_k % MMUL_KN or config.tile_k < 1:
+        raise shape_error(
+            FAMILY, f"head_dim {shape.head_dim} and tile_k {config.tile_k} must be multiples of the MMUL's {MMUL_KN}"
+        )
+    if config.tile_q < 1 or shape.q_len % config.tile_q:
+        raise shape_error(FAMILY, f"q_len {shape.q_len} is not a whole number of {config.tile_q}-query tiles")
+    hpc, g = config.heads_per_col, shape.group
+    if not 1 <= hpc <= device.compute_rows or shape.n_heads % hpc or (g % hpc and hpc % g):
+        raise shape_error(
+            FAMILY,
+            f"{hpc} heads per column must be 1..{device.compute_rows}, divide {shape.n_heads} heads, and divide "
+            f"or be a multiple of the GQA group {g}",
+        )
+    units = (shape.n_heads // hpc) * (shape.q_len // config.tile_q)
+    if not 1 <= config.cols <= min(device.columns, units):
+        raise shape_error(FAMILY, f"{config.cols} columns cannot share {units} units of work on {device.name}")
+    if config.depth < 1:
+        raise shape_error(FAMILY, f"fifo depth {config.depth} is not positive")
+
+
+def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
+    """(head chunk, q tile) units per column: longest first onto the least loaded column, then sorted."""
+    units = [(c, i) for c in range(shape.n_heads // config.heads_per_col) for i in range(shape.q_len // config.tile_q)]
+    load = [0] * config.cols
+    cols: list[list[tuple[int, int]]] = [[] for _ in range(config.cols)]
+    for c, i in sorted(units, key=lambda u: (-blocks_needed(shape, config, u[1]), u)):
+        col = load.index(min(load))
+        cols[col].append((c, i))
+        load[col] += blocks_needed(shape, config, i)
+    return [sorted(u) for u in cols]
+
+
+def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> TileKernel:
+    tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
+    scale = 1.0 / math.sqrt(d)
+
+    def attention_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        q, kv = ins
+        sc = ctx.scratch
+        if ctx.first:
+            sc["state"] = initial_state((), tq, d)
+        q0 = shape.q_start + tiles_of[ctx.worker][ctx.iteration] * tq
+        masked = causal_mask(torch.arange(q0, q0 + tq), torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
+        sc["state"] = block_update(q, kv[:, 0], kv[:, 1], masked, sc["state"], scale, True)
+        if ctx.last:
+            outs[0].copy_(finish(sc["state"]))
+
+    rows = -(-tq // MMUL_M) * MMUL_M
+    return TileKernel(
+        name=f"flash_attn_{config.variant}_{tq}x{tk}x{d}",
+        fn=attention_tile,
+        variant=config.variant,
+        macs_per_call=2 * rows * tk * d,
+        vector_ops_per_call=tq * tk * OPS_PER_SCORE + tq * d * OPS_PER_ACC + tq * OPS_PER_ROW,
+        bytes_per_call=2 * (tq * d + 2 * tk * d) + 4 * (tq * tk + tq * d),
+        params={"tile_q": tq, "tile_k": tk, "head_dim": d},
+    )
+
+
+def _program(q_fifo: str, kv_fifo: str, o_fifo: str, blocks: list[int]):
+    def program(worker: Worker) -> Iterator:
+        for u, nb in enumerate(blocks):
+            (q,) = yield Acquire(q_fifo, 1)
+            (o,) = yield Acquire(o_fifo, 1)
+            for b in range(nb):
+                (kv,) = yield Acquire(kv_fifo, 1)
+                yield Call((q, kv), (o,), u, b, nb)
+                yield Release(kv_fifo, 1)
+            yield Release(q_fifo, 1)
+            yield Release(o_fifo, 1)
+
+    return program
+
+
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = config or default_config(shape, device)
+    _check(shape, config, device)
+    hpc, tq, tk, d, g = config.heads_per_col, config.tile_q, config.tile_k, shape.head_dim, shape.group
+    kvh = max(1, hpc // g)  # KV heads one unit needs
+    qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
+    q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
+    assignment = assign_units(shape, config)
+
+    tiles_of = {f"attn_{col}_{s}": [i for _, i in units] for col, units in enumerate(assignment) for s in range(hpc)}
+    kernel = _kernel(shape, config, tiles_of)
+    fifos: list[ObjectFifo] = []
+    links = []
+    workers: list[Worker] = []
+    col_tasks: list[list[list[tuple[str, str, object]]]] = []  # per column, per unit: (kind, fifo, tap)
+    for col, units in enumerate(assignment):
+        shim, mem = Tile(col, SHIM_ROW), Tile(col, MEM_ROW)
+        blocks = [blocks_needed(shape, config, i) for _, i in units]
+        q_in, kv_in, o_out = f"q_{col}", f"kv_{col}", f"o_{col}"
+        if hpc == 1:
+            fifos += [ObjectFifo(q_in, (tq, d), "bf16", 1, shim_placement=shim)]
+            fifos += [ObjectFifo(o_out, (tq, d), "bf16", 1, shim_placement=shim)]
+            q_slot, o_slot = [q_in], [o_out]
+        else:
+            q_slot = [f"q_{col}_{s}" for s in range(hpc)]
+            o_slot = [f"o_{col}_{s}" for s in range(hpc)]
+            fifos += [ObjectFifo(q_in, (hpc * tq, d), "bf16", 1, shim_placement=shim)]
+            fifos += [ObjectFifo(o_out, (hpc * tq, d), "bf16", 1, shim_placement=shim)]
+            fifos += [ObjectFifo(f, (tq, d), "bf16", 1) for f in q_slot + o_slot]
+            links.append(split(f"q_split_{col}", q_in, q_slot, [s * tq * d for s in range(hpc)], mem))
+            links.append(join(f"o_join_{col}", o_slot, o_out, [s * tq * d for s in range(hpc)], mem))
+        if kvh == 1:
+            fifos += [ObjectFifo(kv_in, (tk, 2, d), "bf16", config.depth, shim_placement=shim)]
+            kv_slot = [kv_in] * hpc
+        else:
+            parts = [f"kv_{col}_{j}" for j in range(kvh)]
+            fifos += [ObjectFifo(kv_in, (kvh * tk, 2, d), "bf16", config.depth, shim_placement=shim)]
+            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
+            links.append(split(f"kv_split_{col}", kv_in, parts, [j * tk * 2 * d for j in range(kvh)], mem))
+            kv_slot = [parts[s // g] for s in range(hpc)]
+        per_unit = []
+        for (c, i), nb in zip(units, blocks, strict=True):
+            h0, j0 = c * hpc, c * hpc // g
+            tasks = []
+            q_off = i * tq * qd + h0 * d
+            for tap in legal_taps(q_shape, q_off, [hpc, tq, d], [d, qd, 1]):
+                tasks.append(("fill", q_in, "q", tap))
+            kv_sizes, kv_strides = [nb, kvh, tk, 2, d], [tk * 2 * kvd, d, 2 * kvd, kvd, 1]
+            for tap in legal_taps(kv_shape, j0 * d, kv_sizes, kv_strides):
+                tasks.append(("fill", kv_in, "kv", tap))
+            for tap in legal_taps(q_shape, q_off, [hpc, tq, d], [d, qd, 1]):
+                tasks.append(("drain", o_out, "o", tap))
+            per_unit.append(tasks)
+        col_tasks.append(per_unit)
+        workers += [
+            Worker(
+                name=f"attn_{col}_{s}",
+                kernel=kernel,
+                inputs=(q_slot[s], kv_slot[s]),
+                outputs=(o_slot[s],),
+                iterations=1,
+                placement=Tile(col, FIRST_COMPUTE_ROW + s),
+                local_bytes=_local(shape, config),
+                acquires={q_slot[s]: len(units), kv_slot[s]: sum(blocks), o_slot[s]: len(units)},
+                calls_per_iteration=max(1, sum(blocks)),
+                program=_program(q_slot[s], kv_slot[s], o_slot[s], blocks),
+            )
+            for s in range(hpc)
+        ]
+    design = Design(
+        name=f"attention_{shape.q_len}x{shape.kv_len}_h{shape.n_heads}_kv{shape.n_kv_heads}_d{d}",
+        device=device,
+        inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape)],
+        outputs=[TensorSpec("o", q_shape)],
+        fifos=fifos,
+        links=links,
+        workers=workers,
+        runtime=_runtime(col_tasks, device),
+        numerics=nx.Numerics(
+            "bf16",
+            "fp32",
+            tk,
+            "bf16",
+            ("scores:exact->fp32", "softmax:fp32", "p:bf16", "pv:exact->fp32", "acc:fp32", "output:bf16"),
+        ),
+        fast=_fast(shape, config),
+    )
+    useful = 2 * shape.q_len * shape.n_heads * d * (shape.q_start + (shape.q_len + 1) / 2)
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "logical_shape": asdict(shape),
+        "kv_rows": s_pad,
+        "macs": design.total_macs(),
+        "useful_macs": int(useful),
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+    }
+    return design
+
+
+def _runtime(col_tasks: list[list[list[tuple[str, str, str, object]]]], device: Device) -> Runtime:
+    """Units' tasks in order, packed into task groups that keep every shim within its BDs.
+
+    A unit starts a new group when it does not fit the current one; a unit too big for any group (many
+    per-block kv patterns) is cut between groups. Order is kept, so every task's inputs come from the same
+    or an earlier group and no group waits on a later one.
+    """
+    rt = Runtime()
+    for per_unit in col_tasks:
+        group, used = 0, 0
+        for tasks in per_unit:
+            if used and used + len(tasks) > device.shim.bds:
+                group, used = group + 1, 0
+            for kind, fifo, tensor, tap in tasks:
+                if used == device.shim.bds:
+                    group, used = group + 1, 0
+                (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap, group)
+                used += 1
+    rt.tasks.sort(key=lambda t: t.group)  # stable: task order within a fifo is kept
+    return rt
+
+
+def _fast(shape: Shape, config: Config):
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        run = attend_exact if exact else attend_fast
+        return {"o": run(inputs["q"], inputs["kv"], shape, config.tile_k)}
+
+    return fast
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Inputs, reference, configs
+# ----------------------------------------------------------------------------------------------------------------------
+def pack_kv(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """[k | v] rows (bf16), zero-padded to ``rows``: the kv tensor this family reads."""
+    if k.shape != v.shape or k.dim() != 2:
+        raise ConfigError(f"k and v must both be [positions, kv_dim], got {tuple(k.shape)} and {tuple(v.shape)}.")
+    n = k.shape[0] if rows is None else rows
+    out = torch.zeros(n, 2 * k.shape[1], dtype=torch.bfloat16)
+    out[: k.shape[0], : k.shape[1]] = k
+    out[: k.shape[0], k.shape[1] :] = v
+    return out
+
+
+def prepare_inputs(design: Design, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
+    """q [q_len, q_dim], k and v [kv_len, kv_dim] -> the design's q and padded, packed kv."""
+    return {
+        "q": q.to(torch.bfloat16),
+        "kv": pack_kv(k.to(torch.bfloat16), v.to(torch.bfloat16), design.meta["kv_rows"]),
+    }
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 causal GQA attention of the oracle (``oracle.ops.attention``) on the unpacked kv rows."""
+    if shape is None:
+        raise ConfigError("attention.reference needs the shape (heads, head_dim, lengths); pass shape=Shape(...).")
+    kv = inputs["kv"][: shape.kv_len]
+    k, v = kv[:, : shape.kv_dim], kv[:, shape.kv_dim :]
+    d = shape.head_dim
+    o = ops.attention(
+        inputs["q"].reshape(shape.q_len, shape.n_heads, d),
+        k.reshape(shape.kv_len, shape.n_kv_heads, d),
+        v.reshape(shape.kv_len, shape.n_kv_heads, d),
+        q_start=shape.q_start,
+    )
+    return {"o": o.reshape(shape.q_len, shape.q_dim)}
+
+
+def mem_tile_channels(shape: Shape, config: Config) -> tuple[int, int]:
+    """(S2MM, MM2S) a column's memory tile needs: q split, o join, and the kv split when a unit spans KV heads."""
+    hpc = config.heads_per_col
+    if hpc == 1:
+        return 0, 0
+    kvh = max(1, hpc // shape.group)
+    return 1 + hpc + (1 if kvh > 1 else 0), hpc + 1 + (kvh if kvh > 1 else 0)
+
+
+def _heads_per_col(shape: Shape, device: Device) -> list[int]:
+    g = shape.group
+    return [
+        h for h in range(min(4, device.compute_rows), 0, -1) if shape.n_heads % h == 0 and (g % h == 0 or h % g == 0)
+    ]
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """Most tiles busy first, then less MMUL padding and bigger tiles; only tilings that fit tile memory
+    and the memory tiles' DMA channels."""
+    device = device or npu2()
+    out: list[tuple[tuple, Config]] = []
+    for hpc in _heads_per_col(shape, device):
+        for tq in (64, 32, 16, 8, 4, 2, 1):
+            if shape.q_len % tq:
+                continue
+            units = (shape.n_heads // hpc) * (shape.q_len // tq)
+            waste = -(-tq // MMUL_M) * MMUL_M / tq
+            for cols in sorted({min(device.columns, units), min(4, units)}, reverse=True):
+                for tk in (128, 64, 32, 16):
+                    for variant in VARIANTS:
+                        cfg = Config(cols, hpc, tq, tk, 2, variant)
+                        s2mm, mm2s = mem_tile_channels(shape, cfg)
+                        if l1_bytes(shape, cfg) > device.compute.memory_bytes:
+                            continue
+                        if s2mm > device.mem.s2mm_channels or mm2s > device.mem.mm2s_channels:
+                            continue
+                        pad = kv_rows(shape, cfg) - shape.kv_len
+                        rank = (variant != "vector", -cols * hpc, waste, pad > 0, -min(tq, 32) * tk, -tq)
+                        out.append((rank, cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    cands = candidate_configs(shape, device)
+    if not cands:
+        raise shape_error(FAMILY, f"no attention tiling fits {shape}; head_dim must be a multiple of {MMUL_KN}")
+    return cands[0]

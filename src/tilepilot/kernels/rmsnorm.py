@@ -1,0 +1,189 @@
+"""RMSNorm: y = weight * x / sqrt(mean(x^2) + eps) per row, streamed through ``tiles`` compute tiles.
+
+One family covers both norms of the decoder, because they are the same op on different row views:
+
+- the block and final norms: ``Shape(rows=T, width=hidden)``, x is [T, hidden];
+- the per-head Q/K norm of Qwen3: ``Shape(rows=T, width=head_dim, heads=n_heads)``, x is the projection's
+  output [T, heads * head_dim] (no reshape, no transpose), normalized in rows of head_dim.
+
+Dataflow (``kernels/_stream.py``): the T x heads work rows are cut into ``tiles`` contiguous ranges, one
+worker each (one per column first), streamed ``rows_per_call`` rows per kernel call; the weight is read
+once and broadcast to every worker. Two DDR streams per worker (x in, y out) plus one broadcast.
+
+Numerics (declared in the design): bf16 in and out; inside, fp32. The mean of squares is the exact sum
+of the (exact) squares of the bf16 inputs rounded once to fp32; ``rsqrt(ms + eps)`` is evaluated in fp64
+and rounded to fp32 (a correctly rounded fp32 rsqrt: the hardware's approximation is less accurate, which
+the per-kernel gate against the FP32 op must tolerate); then ``(x * inv) * weight`` in fp32 and one
+round-to-nearest-even to bf16. Unlike Hugging Face's bf16 module, x * inv is not rounded to bf16 before
+the weight multiply. The fast path computes exactly this at tensor level, so production == exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tilepilot.errors import ConfigError
+from tilepilot.kernels import _stream as st
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import Design, TensorSpec, TileKernel
+from tilepilot.npu.device import Device, npu2
+from tilepilot.oracle import ops
+
+FAMILY = "rmsnorm"
+VARIANTS = ("vector", "scalar")
+# ESTIMATE of fp32 vector operations per element: square-accumulate, scale by 1/rms, weight multiply, bf16
+# convert. Per row: a lane reduction and one rsqrt (~32 ops, an AIE rsqrt is a short Newton iteration).
+OPS_PER_ELEMENT = 4
+OPS_PER_ROW = 32
+
+
+@dataclass(frozen=True)
+class Shape:
+    rows: int  # tokens
+    width: int  # elements normalized together (hidden, or head_dim for per-head Q/K norm)
+    heads: int = 1  # > 1: per-head norm; x is [rows, heads * width]
+    eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class Config:
+    tiles: int = 8
+    rows_per_call: int = 1
+    depth: int = 2
+    variant: str = "vector"
+
+
+def work_rows(shape: Shape) -> int:
+    return shape.rows * shape.heads
+
+
+def l1_bytes(shape: Shape, config: Config) -> int:
+    s = st.Stream("x", shape.width)
+    return st.l1_bytes([s], [s], [st.Held("w", shape.width)], config.rows_per_call, config.depth, _local(config))
+
+
+def _local(config: Config) -> int:
+    return 4 * config.rows_per_call  # fp32 sums of squares of the rows in flight
+
+
+def normalize_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The kernel's arithmetic on [n, width] bf16 rows (tile path per object, fast path on all rows)."""
+    xf = x.to(torch.float32)
+    ms = (x.to(torch.float64).square().sum(-1) / x.shape[-1]).to(torch.float32)
+    inv = torch.rsqrt(ms.to(torch.float64) + eps).to(torch.float32)
+    return nx.round_bf16((xf * inv[:, None]) * weight.to(torch.float32))
+
+
+def _kernel(shape: Shape, config: Config) -> TileKernel:
+    eps = shape.eps
+
+    def rmsnorm_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        x, w = ins
+        outs[0].copy_(normalize_rows(x, w, eps))
+
+    rpc, w = config.rows_per_call, shape.width
+    return TileKernel(
+        name=f"rmsnorm_{config.variant}_{w}",
+        fn=rmsnorm_tile,
+        variant=config.variant,
+        vector_ops_per_call=rpc * (w * OPS_PER_ELEMENT + OPS_PER_ROW),
+        bytes_per_call=2 * 2 * rpc * w + 2 * w,
+        params={"width": w, "eps": eps},
+    )
+
+
+def _check(shape: Shape, config: Config, device: Device) -> None:
+    if config.variant not in VARIANTS:
+        raise st.shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if min(shape.rows, shape.width, shape.heads) < 1 or shape.eps < 0:
+        raise st.shape_error(FAMILY, f"shape {shape} has an empty dimension or a negative eps")
+    if shape.width % 2:
+        raise st.shape_error(FAMILY, f"width {shape.width} is odd; bf16 rows must be whole 32-bit words")
+
+
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = config or default_config(shape, device)
+    _check(shape, config, device)
+    cols = shape.heads * shape.width
+    x = st.Stream("x", shape.width)
+    y = st.Stream("y", shape.width)
+    suffix = f"_h{shape.heads}" if shape.heads > 1 else ""
+    design = st.build(
+        name=f"rmsnorm_{shape.rows}x{shape.width}{suffix}",
+        family=FAMILY,
+        device=device,
+        rows=work_rows(shape),
+        tiles=config.tiles,
+        rows_per_call=config.rows_per_call,
+        depth=config.depth,
+        inputs=[TensorSpec("x", (shape.rows, cols)), TensorSpec("w", (shape.width,))],
+        outputs=[TensorSpec("y", (shape.rows, cols))],
+        streams_in=[x],
+        held=[st.Held("w", shape.width)],
+        streams_out=[y],
+        kernel=_kernel(shape, config),
+        local_bytes=_local(config),
+        numerics=nx.Numerics(
+            "bf16", "fp32", None, "bf16", ("sum_squares:exact->fp32", "rsqrt:fp32", "scale_weight:fp32", "output:bf16")
+        ),
+        fast=_fast(shape),
+    )
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "logical_shape": asdict(shape),
+        "macs": 0,
+        "elements": shape.rows * cols,
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+    }
+    return design
+
+
+def _fast(shape: Shape):
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        x = inputs["x"]
+        y = normalize_rows(x.reshape(-1, shape.width), inputs["w"], shape.eps)
+        return {"y": y.reshape(x.shape)}
+
+    return fast
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 RMSNorm of the oracle (``oracle.ops.rmsnorm``) over rows of ``shape.width``."""
+    if shape is None:
+        raise ConfigError("rmsnorm.reference needs the shape (width, heads, eps); pass shape=Shape(...).")
+    x = inputs["x"]
+    y = ops.rmsnorm(x.reshape(-1, shape.width), inputs["w"], shape.eps)
+    return {"y": y.reshape(x.shape)}
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """More tiles first (up to one per column; 16 only if the shims allow it), then bigger objects."""
+    device = device or npu2()
+    rows = work_rows(shape)
+    out: list[tuple[tuple, Config]] = []
+    for tiles in (8, 4, 2, 1, 16):
+        if tiles > device.n_compute_tiles:
+            continue
+        for rpc in (16, 8, 4, 2, 1):
+            if rows % rpc or rows // rpc < tiles:
+                continue
+            for variant in VARIANTS:
+                cfg = Config(tiles, rpc, 2, variant)
+                if l1_bytes(shape, cfg) > device.compute.memory_bytes:
+                    continue
+                out.append(((variant != "vector", tiles > device.columns, -tiles, -rpc), cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    cands = candidate_configs(shape, device)
+    if not cands:
+        raise st.shape_error(FAMILY, f"no RMSNorm tiling fits {shape}; a single row does not fit tile memory")
+    return cands[0]

@@ -1,0 +1,209 @@
+"""RoPE in the Hugging Face half-rotation layout: y = [x1 c - x2 s, x2 c + x1 s] per head.
+
+``x1``/``x2`` are the first and second halves of each head (``rotate_half``, not interleaved pairs).
+x is the projection output [T, heads * head_dim] as it leaves the GEMM (seq-first, no transpose).
+
+Tables: cos/sin are computed on the host in fp32 (``table``/``table_for``: the oracle's inverse
+frequencies, with Llama-3 frequency scaling when the spec has it) for the absolute positions of the
+rows, so decode passes the tables of its position offset. Both halves of a head use the same
+frequencies, so only half a head of each is needed: the streamed table ``cs`` is [T, head_dim] =
+[cos(f_0..f_{d/2-1}) | sin(f_0..f_{d/2-1})], in ``Shape.table_dtype`` (bf16 by default, as Hugging Face's
+bf16 models cast their tables; fp32 costs twice the table bytes and removes that rounding).
+
+Dataflow (``kernels/_stream.py``): rows (tokens) cut over ``tiles`` workers, ``rows_per_call`` tokens per
+call with all their heads; three DDR streams per worker (x and cs in, y out), so 8 workers at most on
+npu2 (AIR's measured RoPE runs "8/1").
+
+Numerics: bf16 x, fp32 inside (x1*c, x2*s, their difference / sum, each an fp32 operation), one
+round-to-nearest-even to bf16. The fast path does exactly this, so production == exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tilepilot.kernels import _stream as st
+from tilepilot.model.spec import ModelSpec
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import Design, TensorSpec, TileKernel, torch_dtype
+from tilepilot.npu.device import Device, npu2
+from tilepilot.oracle import ops
+from tilepilot.oracle.rope import inv_freq_for
+
+FAMILY = "rope"
+VARIANTS = ("vector", "scalar")
+TABLE_DTYPES = ("bf16", "fp32")
+OPS_PER_ELEMENT = 4  # ESTIMATE: two fp32 multiplies, one add/sub, one bf16 convert per output element
+
+
+@dataclass(frozen=True)
+class Shape:
+    rows: int  # tokens
+    heads: int
+    head_dim: int
+    table_dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Config:
+    tiles: int = 8
+    rows_per_call: int = 1
+    depth: int = 2
+    variant: str = "vector"
+
+
+def width(shape: Shape) -> int:
+    return shape.heads * shape.head_dim
+
+
+def l1_bytes(shape: Shape, config: Config) -> int:
+    x = st.Stream("x", width(shape))
+    cs = st.Stream("cs", shape.head_dim, shape.table_dtype)
+    return st.l1_bytes([x, cs], [x], [], config.rows_per_call, config.depth, 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Host tables
+# ----------------------------------------------------------------------------------------------------------------------
+def table(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: str = "bf16") -> torch.Tensor:
+    """[len(positions), head_dim] = [cos | sin] of positions x inv_freq, computed in fp32, stored in ``dtype``."""
+    cos, sin = ops.rope_tables(positions, inv_freq)
+    half = inv_freq.shape[0]
+    return torch.cat((cos[:, :half], sin[:, :half]), dim=-1).to(torch_dtype(dtype))
+
+
+def table_for(spec: ModelSpec, start: int, count: int, dtype: str = "bf16") -> torch.Tensor:
+    """The table of positions ``start .. start+count-1`` for ``spec`` (decode: start = tokens already cached)."""
+    return table(inv_freq_for(spec), torch.arange(start, start + count), dtype)
+
+
+def shape_for(spec: ModelSpec, rows: int, which: str = "q", table_dtype: str = "bf16") -> Shape:
+    """The rope shape of the Q (``which="q"``) or K projection output of ``spec`` for ``rows`` tokens."""
+    heads = spec.n_heads if which == "q" else spec.n_kv_heads
+    return Shape(rows, heads, spec.head_dim, table_dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------------------------------
+def rotate_rows(x: torch.Tensor, cs: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rotate x [n, heads * head_dim] (bf16) by the table rows cs [n, head_dim]; fp32 inside, bf16 out."""
+    n = x.shape[0]
+    half = head_dim // 2
+    xf = x.to(torch.float32).reshape(n, -1, head_dim)
+    c = cs[:, :half].to(torch.float32)[:, None, :]
+    s = cs[:, half:].to(torch.float32)[:, None, :]
+    x1, x2 = xf[..., :half], xf[..., half:]
+    y = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return nx.round_bf16(y).reshape(n, -1)
+
+
+def _kernel(shape: Shape, config: Config) -> TileKernel:
+    d = shape.head_dim
+
+    def rope_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        outs[0].copy_(rotate_rows(ins[0], ins[1], d))
+
+    rpc, w = config.rows_per_call, width(shape)
+    tb = 2 if shape.table_dtype == "bf16" else 4
+    return TileKernel(
+        name=f"rope_{config.variant}_{shape.heads}x{d}",
+        fn=rope_tile,
+        variant=config.variant,
+        vector_ops_per_call=rpc * w * OPS_PER_ELEMENT,
+        bytes_per_call=rpc * (2 * 2 * w + tb * d),
+        params={"head_dim": d},
+    )
+
+
+def _check(shape: Shape, config: Config) -> None:
+    if config.variant not in VARIANTS:
+        raise st.shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if shape.table_dtype not in TABLE_DTYPES:
+        raise st.shape_error(FAMILY, f"table dtype {shape.table_dtype!r} is unknown; use one of {TABLE_DTYPES}")
+    if min(shape.rows, shape.heads, shape.head_dim) < 1 or shape.head_dim % 4:
+        raise st.shape_error(FAMILY, f"shape {shape} is empty or head_dim is not a multiple of 4 (two word halves)")
+
+
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = config or default_config(shape, device)
+    _check(shape, config)
+    w = width(shape)
+    design = st.build(
+        name=f"rope_{shape.rows}x{shape.heads}x{shape.head_dim}",
+        family=FAMILY,
+        device=device,
+        rows=shape.rows,
+        tiles=config.tiles,
+        rows_per_call=config.rows_per_call,
+        depth=config.depth,
+        inputs=[TensorSpec("x", (shape.rows, w)), TensorSpec("cs", (shape.rows, shape.head_dim), shape.table_dtype)],
+        outputs=[TensorSpec("y", (shape.rows, w))],
+        streams_in=[st.Stream("x", w), st.Stream("cs", shape.head_dim, shape.table_dtype)],
+        held=[],
+        streams_out=[st.Stream("y", w)],
+        kernel=_kernel(shape, config),
+        local_bytes=0,
+        numerics=nx.Numerics(
+            "bf16", "fp32", None, "bf16", (f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16")
+        ),
+        fast=_fast(shape),
+    )
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "logical_shape": asdict(shape),
+        "macs": 0,
+        "elements": shape.rows * w,
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+    }
+    return design
+
+
+def _fast(shape: Shape):
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        return {"y": rotate_rows(inputs["x"], inputs["cs"], shape.head_dim)}
+
+    return fast
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 ``oracle.ops.apply_rope`` with full tables rebuilt from ``cs`` (pass an fp32 ``cs`` for the true op)."""
+    x, cs = inputs["x"], inputs["cs"]
+    d = cs.shape[-1]
+    half = d // 2
+    cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1).to(torch.float32)
+    sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1).to(torch.float32)
+    y = ops.apply_rope(x.reshape(x.shape[0], -1, d), cos, sin)
+    return {"y": y.reshape(x.shape[0], -1)}
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """More tiles first (8 = one per column; more exhausts the shims), then more tokens per call."""
+    device = device or npu2()
+    out: list[tuple[tuple, Config]] = []
+    for tiles in (8, 4, 2, 1, 16):
+        if tiles > device.n_compute_tiles:
+            continue
+        for rpc in (16, 8, 4, 2, 1):
+            if shape.rows % rpc or shape.rows // rpc < tiles:
+                continue
+            for variant in VARIANTS:
+                cfg = Config(tiles, rpc, 2, variant)
+                if l1_bytes(shape, cfg) > device.compute.memory_bytes:
+                    continue
+                out.append(((variant != "vector", tiles > device.columns, -tiles, -rpc), cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    cands = candidate_configs(shape, device)
+    if not cands:
+        raise st.shape_error(FAMILY, f"no RoPE tiling fits {shape}; one token's heads do not fit tile memory")
+    return cands[0]
