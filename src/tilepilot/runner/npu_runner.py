@@ -183,6 +183,7 @@ class NpuRunner:
         self.cache.reserve(rows)
 
         t0 = time.perf_counter()
+        self._ctx_sync(phase)
         x_buf = self.pool.buffer(f"{phase}.{LAYER_INPUT}")
         if self.dry:
             x_buf.write(torch.empty(rows, s.hidden, dtype=BF16, device="meta"))
@@ -216,7 +217,8 @@ class NpuRunner:
         return RunnerStep(logits=logits, layer_outputs=outputs, start=start)
 
     def _ctx_sync(self, phase: str) -> None:
-        self.dispatcher._ctx = {"group": "logits", "layer": None, "phase": phase}
+        """Host-side syncs outside any group (inputs, logits) are still traced under their phase."""
+        self.dispatcher._ctx = {"group": None, "layer": None, "phase": phase}
 
     def _last_row(self, buf: DeviceBuffer, phase: str) -> DeviceBuffer:
         """The head reads only the last position: a view through an offset access pattern, no copy."""

@@ -182,7 +182,7 @@ class Dispatcher:
                 self._run_cpu(g, env, weights, p, layer, kv, tables)
             else:
                 self._run_npu(g, env, weights, p, layer, kv, tables)
-        self._ctx = {}
+        self._ctx = {"group": None, "layer": None, "phase": p.phase}  # host-side work between groups
 
     # ---- NPU ------------------------------------------------------------------------------------
     def _run_npu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
@@ -221,7 +221,7 @@ class Dispatcher:
                 if "cs" not in seen_inputs:
                     seen_inputs["cs"] = self.pool.device_view(tables)
                 args.update(cs=seen_inputs["cs"], start=p.start)
-            key, design = self.library.design(call.family, self._shape(node, call.family, p), call.config)
+            key, design = self.library.design(call.family, self._shape(node, call, p), call.config)
             keys.append(key)
             if p.dry:
                 out = torch.empty(p.rows, node.width, dtype=BF16, device=META)
@@ -240,8 +240,8 @@ class Dispatcher:
             self.pool.produced(buf, internal[name])
             env[name] = buf
 
-    def _shape(self, node: OpNode, family: str, p: Pass) -> Any:
-        return binding(node, family).shape(node, self.spec, p.rows, p.context)
+    def _shape(self, node: OpNode, call, p: Pass) -> Any:
+        return binding(node, call.family).shape(node, self.spec, p.rows, p.context, call.config)
 
     def _kv_to(self, side: str, layer: int, p: Pass, kv: KVState) -> None:
         """Attention on ``side`` needs this pass's new K/V rows there: account the crossing if any."""
@@ -270,9 +270,7 @@ class Dispatcher:
             self.pool.transfer(f"{name}.transpose", "to_device", nbytes)
 
     def _kv_args(self, layer: int, p: Pass, kv: KVState) -> dict[str, Any]:
-        if p.dry:
-            return {"start": p.start}
-        return {"k_cache": kv.cache.keys(layer, p.rows), "v_cache": kv.cache.values(layer, p.rows), "start": p.start}
+        return {"kv_cache": kv.cache, "layer": layer, "start": p.start}
 
     def _tables(self, tables: DeviceBuffer) -> dict[str, torch.Tensor]:
         t = self.pool.host_view(tables)
@@ -313,6 +311,8 @@ class Dispatcher:
             nbytes += sum(int(weights[n].nbytes) for n in node.weights)
             widths = [self.graph.value_width(v, s) for v in node.inputs if v != KV_STATE]
             nbytes += 2 * p.rows * (node.width + sum(widths))
+            if node.kind == "attention":
+                nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
         if p.dry:
             key = (tuple((c.op, self._ctx.get("phase")) for c in g.calls), p.rows, p.context)
             secs = self.timer.seconds(key, nbytes, lambda: self._dry_cpu(g, p))

@@ -1,0 +1,80 @@
+"""time_plan: modeled TTFT/decode of whole plans (cpu='estimated' keeps these deterministic)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tilepilot.plan.builtin import builtin_plan, iron_like_plan, paper_like_plan
+from tilepilot.plan.timing import time_plan
+from tilepilot.runtime.dispatcher import KernelLibrary
+
+
+@pytest.fixture(scope="module")
+def library():
+    return KernelLibrary()
+
+
+def test_iron_like_is_slower_than_paper_like_for_llama_1b(llama_1b, library):
+    iron = time_plan(iron_like_plan(llama_1b), llama_1b, 2048, cpu="estimated", library=library)
+    paper = time_plan(paper_like_plan(llama_1b), llama_1b, 2048, cpu="estimated", library=library)
+    assert paper.ttft_s < iron.ttft_s
+    assert paper.decode_s_per_token < iron.decode_s_per_token
+    # fewer dispatches per layer: 3 in prefill, 2 in decode (the published paper-like structure)
+    assert paper.dispatches == {"prefill": 16 * 3 + 1, "decode": 16 * 2 + 1}
+    assert iron.dispatches["prefill"] > 10 * paper.dispatches["prefill"] / 3
+    # sanity: modeled figures are in the range of the published XDNA2 measurements (seconds, not micro/kilo)
+    assert 0.2 < paper.ttft_s < 5 and 0.2 < iron.ttft_s < 10
+    assert 0.01 < paper.decode_s_per_token < 1
+    # preloaded weights are paid once at load, not per token
+    assert paper.load_s > 0 and iron.load_s == 0
+
+
+def test_timing_dispatches_match_the_plan(tiny_spec, library):
+    for name in ("default", "iron-like", "paper-like"):
+        plan = builtin_plan(name, tiny_spec)
+        t = time_plan(plan, tiny_spec, 64, cpu="estimated", library=library)
+        assert t.dispatches == {s: plan.dispatches_per_token(s) for s in ("prefill", "decode")}
+        assert {g.name for g in t.stage_groups("decode")} >= {g.name for g in plan.decode.groups()}
+        block = [g for g in t.stage_groups("prefill") if g.part == "block"]
+        assert all(g.calls == tiny_spec.n_layers for g in block)
+        json.dumps(t.to_dict())
+
+
+def test_prefill_lm_head_computes_only_the_last_position(tiny_spec, library):
+    t = time_plan(paper_like_plan(tiny_spec), tiny_spec, 128, cpu="estimated", library=library)
+    assert t.group("prefill", "lm_head").dispatch_s == pytest.approx(t.group("decode", "lm_head").dispatch_s)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"weights": "preloaded"},
+        {"zero_copy": True},
+        {"skip_unchanged_writes": True},
+        {"reuse_buffers": True},
+        {"layout": "seq_first"},
+    ],
+)
+def test_each_host_policy_lowers_modeled_ttft(tiny_spec, library, change):
+    base = iron_like_plan(tiny_spec)
+    better = dataclasses.replace(base, host=dataclasses.replace(base.host, **change))
+    t0 = time_plan(base, tiny_spec, 64, cpu="estimated", library=library)
+    t1 = time_plan(better, tiny_spec, 64, cpu="estimated", library=library)
+    assert t1.ttft_s < t0.ttft_s
+    assert t1.decode_s_per_token <= t0.decode_s_per_token
+
+
+def test_decode_latency_grows_with_context(tiny_spec, library):
+    plan = paper_like_plan(tiny_spec)
+    short = time_plan(plan, tiny_spec, 16, context_len=16, cpu="estimated", library=library)
+    long = time_plan(plan, tiny_spec, 16, context_len=400, cpu="estimated", library=library)
+    assert long.decode_s_per_token > short.decode_s_per_token
+
+
+def test_measured_cpu_groups_are_labelled(tiny_spec, library):
+    t = time_plan(builtin_plan("default", tiny_spec), tiny_spec, 16, library=library)
+    assert t.cpu_clock == "measured" and t.clock == "modeled"
+    assert t.group("decode", "attention").cpu_s > 0
