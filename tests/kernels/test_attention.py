@@ -122,3 +122,13 @@ def test_invalid_configs_are_shape_errors_and_l1_is_checked():
     assert "L1_OVERFLOW" in {v.code for v in validate(big)}
     for cfg in at.candidate_configs(at.Shape(2048, 2048, 32, 8, 128)):
         assert at.l1_bytes(at.Shape(2048, 2048, 32, 8, 128), cfg) <= 64 * 1024
+
+
+def test_candidates_fit_and_scalar_variant_is_modeled_slower():
+    shape = at.Shape(256, 256, 8, 2, 64)
+    cands = at.candidate_configs(shape)
+    assert cands[0] == at.default_config(shape) and cands[-1].variant == "scalar"
+    assert all(validate(at.make_design(shape, c)) == [] for c in cands[:3])
+    vec = time_design(at.make_design(shape, cands[0]))
+    sca = time_design(at.make_design(shape, cands[-1]))
+    assert sca.seconds > vec.seconds

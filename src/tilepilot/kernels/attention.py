@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -537,25 +537,22 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     device = device or npu2()
     out: list[tuple[tuple, Config]] = []
     for hpc in _heads_per_col(shape, device):
-        for tq in (64, 32, 16, 8, 4, 2, 1):
-            if shape.q_len % tq:
-                continue
+        for tq in [t for t in (64, 32, 16, 8, 4, 2, 1) if shape.q_len % t == 0][:3]:
             units = (shape.n_heads // hpc) * (shape.q_len // tq)
             waste = -(-tq // MMUL_M) * MMUL_M / tq
-            for cols in sorted({min(device.columns, units), min(4, units)}, reverse=True):
-                for tk in (128, 64, 32, 16):
-                    for variant in VARIANTS:
-                        cfg = Config(cols, hpc, tq, tk, 2, variant)
-                        s2mm, mm2s = mem_tile_channels(shape, cfg)
-                        if l1_bytes(shape, cfg) > device.compute.memory_bytes:
-                            continue
-                        if s2mm > device.mem.s2mm_channels or mm2s > device.mem.mm2s_channels:
-                            continue
-                        pad = kv_rows(shape, cfg) - shape.kv_len
-                        rank = (variant != "vector", -cols * hpc, waste, pad > 0, -min(tq, 32) * tk, -tq)
-                        out.append((rank, cfg))
+            cols = min(device.columns, units)
+            for tk in (128, 64, 32, 16):
+                cfg = Config(cols, hpc, tq, tk, 2, "vector")
+                s2mm, mm2s = mem_tile_channels(shape, cfg)
+                if l1_bytes(shape, cfg) > device.compute.memory_bytes:
+                    continue
+                if s2mm > device.mem.s2mm_channels or mm2s > device.mem.mm2s_channels:
+                    continue
+                pad = kv_rows(shape, cfg) - shape.kv_len
+                out.append(((-cols * hpc, waste, pad > 0, -min(tq, 32) * tk, -tq), cfg))
     out.sort(key=lambda x: x[0])
-    return [c for _, c in out]
+    cands = [c for _, c in out]
+    return cands + [replace(cands[0], variant="scalar")] if cands else []
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:

@@ -10,7 +10,7 @@ magnitude) and rounded once to bf16 (RNE). Production fast path == exact path.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -124,13 +124,12 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
         for rpc in (16, 8, 4, 2, 1):
             if shape.rows % rpc or shape.rows // rpc < tiles:
                 continue
-            for variant in VARIANTS:
-                cfg = Config(tiles, rpc, 2, variant)
-                if l1_bytes(shape, cfg) > device.compute.memory_bytes:
-                    continue
-                out.append(((variant != "vector", tiles > device.columns, -tiles, -rpc), cfg))
+            cfg = Config(tiles, rpc, 2, "vector")
+            if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
+                out.append(((tiles > device.columns, -tiles, -rpc), cfg))
     out.sort(key=lambda x: x[0])
-    return [c for _, c in out]
+    cands = [c for _, c in out]
+    return cands + [replace(cands[0], variant="scalar")] if cands else []
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:

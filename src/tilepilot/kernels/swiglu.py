@@ -16,7 +16,7 @@ bf16 output by one bf16 ulp (tested).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -152,14 +152,12 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     for tiles in (8, 4, 2, 1, 16):
         if tiles > device.n_compute_tiles or n < tiles:
             continue
-        for chunk in _chunks(n, tiles) or ([n // tiles] if n % tiles == 0 and (n // tiles) % 2 == 0 else []):
-            for variant in VARIANTS:
-                cfg = Config(tiles, chunk, 2, variant)
-                if l1_bytes(cfg) > device.compute.memory_bytes:
-                    continue
-                out.append(((variant != "vector", tiles > device.columns, -tiles, -chunk), cfg))
+        chunks = _chunks(n, tiles) or ([n // tiles] if n % tiles == 0 and (n // tiles) % 2 == 0 else [])
+        for chunk in [c for c in chunks if l1_bytes(Config(tiles, c)) <= device.compute.memory_bytes][:4]:
+            out.append(((tiles > device.columns, -tiles, -chunk), Config(tiles, chunk, 2, "vector")))
     out.sort(key=lambda x: x[0])
-    return [c for _, c in out]
+    cands = [c for _, c in out]
+    return cands + [replace(cands[0], variant="scalar")] if cands else []
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
