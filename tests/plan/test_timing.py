@@ -64,7 +64,8 @@ def test_each_host_policy_lowers_modeled_ttft(tiny_spec, library, change):
     t0 = time_plan(base, tiny_spec, 64, cpu="estimated", library=library)
     t1 = time_plan(better, tiny_spec, 64, cpu="estimated", library=library)
     assert t1.ttft_s < t0.ttft_s
-    assert t1.decode_s_per_token <= t0.decode_s_per_token
+    # (durations come from timeline end - start, so equal sums may differ in the last bits)
+    assert t1.decode_s_per_token <= t0.decode_s_per_token * (1 + 1e-9)
 
 
 def test_decode_latency_grows_with_context(tiny_spec, library):

@@ -231,10 +231,7 @@ class Dispatcher:
             produced.append(node.output)
         if keys:
             gt = self.library.dispatch_time(g.name, keys)
-            self.trace.add(
-                "dispatch", g.name, gt.seconds, group=g.name, layer=layer, phase=p.phase, macs=gt.macs,
-                bytes=gt.ddr_bytes,
-            )  # fmt: skip
+            self.trace.add_dispatch(gt, group=g.name, layer=layer, phase=p.phase)  # + its launches and DMAs
         for name in produced:
             buf = self.pool.buffer(f"{p.phase}.{name}")
             self.pool.produced(buf, internal[name])
