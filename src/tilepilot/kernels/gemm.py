@@ -31,7 +31,7 @@ from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, forward, join, split
 from tilepilot.npu.design import ObjectFifo as Fifo
 from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
-from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, Violation, legal_taps
+from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_SIZE, DesignError, Violation, legal_taps
 
 FAMILY = "gemm"
 VARIANTS = ("vector", "scalar", "bfp16")
@@ -318,6 +318,10 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                             if tm % gm or tk % gk or tn % gn or l1_bytes(cfg) > budget:
                                 continue
                             p = padded_shape(shape, cfg)
+                            if p.k // tk > TAP_MAX_SIZE:
+                                # a K loop longer than one DMA dimension is peeled into one pattern per step:
+                                # thousands of shim BDs (BD_LIMIT), and very slow to build
+                                continue
                             waste = p.m * p.n * p.k / (shape.m * shape.n * shape.k)
                             if waste > 1.0:
                                 cfg = Config(rows, cols, tm, tk, tn, variant, acc, pad=True)
