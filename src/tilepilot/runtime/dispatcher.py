@@ -41,7 +41,12 @@ def sync_costs(cal: Calibration = CALIBRATION) -> SyncCostModel:
 
 
 def _key(x: Any) -> Any:
-    return (type(x).__module__, type(x).__name__, tuple(sorted(asdict(x).items()))) if is_dataclass(x) else x
+    """A hashable identity for a family Shape (frozen dataclasses hash by value; others by their fields)."""
+    try:
+        hash(x)
+        return (type(x).__module__, x)
+    except TypeError:
+        return (type(x).__module__, type(x).__name__, tuple(sorted(asdict(x).items()))) if is_dataclass(x) else x
 
 
 class KernelLibrary:
