@@ -1,0 +1,401 @@
+"""GEMV: y[M, N] = x[M, K] @ W[N, K]^T for decode (M = 1 token, or a few), weights streamed from DDR.
+
+Decode projections read every weight once per token, so a GEMV is a weight stream: what matters is how
+many tiles pull weights in parallel and how long each kernel call keeps the core busy per byte.
+
+Dataflow (``cols`` <= 8 columns x ``rows`` <= 4 compute rows, worker (r, c) on tile (c, 2 + r)):
+- W is cut by output rows: column c owns rows [c*N/cols, (c+1)*N/cols). Its shim streams, per kernel
+  call, a (rows*tile_m, tile_k) block; with one row of workers it goes straight to the worker, with
+  several the column's memory tile splits it into one (tile_m, tile_k) object per row.
+- x is one broadcast fifo from shim 0 to every worker, (M, tile_k) per call, re-sent for every block
+  of output rows (a worker keeps no full copy of x, so K is not bounded by tile memory).
+- each worker holds an (M, tile_m) output object while it streams K / tile_k weight and x chunks,
+  accumulating in an fp32 scratch accumulator and rounding once to bf16; several rows are joined in
+  the column's memory tile and drained through the column's shim.
+
+Numerics: bf16 operands (variant "bfp16": both operands quantized in blocks of 8 along K, the AIE2P
+block-FP16 mode), exact fp32 partial sums per call, fp32 accumulation across K, one bf16 rounding.
+Production fast path (exact=False): one ``torch.nn.functional.linear`` on bf16 (fp32 accumulation
+inside, one rounding), within one bf16 ulp of the exact path on a small fraction of elements.
+
+AIR's registry (npu2_kernel_measurements.json) writes GEMV tiles as "herd_m/tile_m/m_input"; here
+``cols`` is herd_m and ``tile_m`` is m_input (rows per kernel call). ``from_air_tile`` maps one onto
+the other for calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import (
+    Design,
+    Runtime,
+    TensorAccessPattern,
+    TensorSpec,
+    Tile,
+    TileKernel,
+    Worker,
+    dtype_bytes,
+    join,
+    split,
+)
+from tilepilot.npu.design import ObjectFifo as Fifo
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.validate import (
+    CORE_STACK_BYTES,
+    TAP_MAX_DIMS,
+    TAP_MAX_REPEAT,
+    TAP_MAX_SIZE,
+    WORD_BYTES,
+    DesignError,
+    Violation,
+    legal_taps,
+    tap_problems,
+)
+
+FAMILY = "gemv"
+VARIANTS = ("vector", "scalar", "bfp16")
+# Tokens one GEMV design handles; more rows are a GEMM (prefill), not a matrix-vector product.
+MAX_TOKENS = 16
+# Rows per kernel call the candidates try (AIR's registry uses m_input 1..16).
+TILE_M_CHOICES = (32, 16, 8, 4, 2)
+# K per call must be a multiple of the vector width (32 bf16 lanes of a 512-bit register, AM027); block-FP16
+# also needs blocks of 8 (numerics.BFP16_BLOCK), which 32 covers.
+K_GRANULE = 32
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int  # output features (rows of W in Hugging Face [out, in] layout)
+    k: int  # input features
+    m: int = 1  # tokens
+
+
+@dataclass(frozen=True)
+class Config:
+    cols: int = 8
+    rows: int = 1
+    tile_m: int = 8
+    tile_k: int = 1024
+    variant: str = "vector"
+    depth: int = 2
+
+
+def _err(message: str) -> DesignError:
+    return DesignError([Violation("SHAPE_NOT_TILING", None, message)], "gemv")
+
+
+def l1_bytes(shape: Shape, config: Config) -> int:
+    """Compute-tile memory one worker needs: W chunk x depth, x chunk and y block double-buffered, fp32 acc, stack."""
+    tm, tk, m = config.tile_m, config.tile_k, shape.m
+    return 2 * (config.depth * tm * tk + 2 * m * tk + 2 * m * tm) + 4 * m * tm + CORE_STACK_BYTES
+
+
+def rows_per_worker(shape: Shape, config: Config) -> int:
+    return shape.n // (config.cols * config.rows)
+
+
+def _check(shape: Shape, config: Config, device: Device) -> None:
+    if config.variant not in VARIANTS:
+        raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if min(shape.n, shape.k, shape.m) < 1:
+        raise _err(f"shape {shape} has an empty dimension")
+    if shape.m > MAX_TOKENS:
+        raise _err(f"a GEMV handles at most {MAX_TOKENS} tokens, got M={shape.m}; use the gemm family")
+    if not 1 <= config.rows <= device.compute_rows or not 1 <= config.cols <= device.columns:
+        raise _err(f"{config.rows} x {config.cols} tiles do not fit {device.name}")
+    if config.depth < 1 or config.tile_m < 1 or config.tile_k < 1:
+        raise _err(f"config {config} has a non-positive tile size or depth")
+    if shape.n % (config.cols * config.rows * config.tile_m):
+        raise _err(
+            f"N={shape.n} does not split into {config.cols} columns x {config.rows} rows x blocks of "
+            f"{config.tile_m} rows; pick tile sizes dividing N"
+        )
+    if shape.k % config.tile_k or config.tile_k % K_GRANULE:
+        raise _err(
+            f"K={shape.k} is not a whole number of {config.tile_k}-element chunks, or the chunk is not a multiple "
+            f"of {K_GRANULE}; pick a chunk that divides K"
+        )
+
+
+def _numerics(config: Config) -> nx.Numerics:
+    operands = "bfp16" if config.variant == "bfp16" else "bf16"
+    points = ("operands:bfp16",) if operands == "bfp16" else ()
+    return nx.Numerics(operands, "fp32", config.tile_k, "bf16", points + ("accumulate:fp32", "output:bf16"))
+
+
+def _kernel(shape: Shape, config: Config) -> TileKernel:
+    operands = "bfp16" if config.variant == "bfp16" else "bf16"
+
+    def matvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        w, x = ins
+        (y,) = outs
+        if ctx.first:
+            ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
+        ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, operands), "fp32")
+        if ctx.last:
+            y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
+
+    tm, tk, m = config.tile_m, config.tile_k, shape.m
+    return TileKernel(
+        name=f"matvec_{config.variant}_{tm}x{tk}",
+        fn=matvec_tile,
+        variant=config.variant,
+        macs_per_call=m * tm * tk,
+        bytes_per_call=2 * (tm * tk + m * tk) + 4 * m * tm,
+        params={"tile_m": tm, "tile_k": tk, "m": m},
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# access patterns
+# ----------------------------------------------------------------------------------------------------------------------
+def _largest_divisor(n: int, limit: int, multiple: int = 1) -> int:
+    """Largest d <= limit dividing n with d % multiple == 0 (1 if none besides, when multiple == 1)."""
+    for d in range(min(n, limit), 0, -1):
+        if n % d == 0 and d % multiple == 0:
+            return d
+    return 0
+
+
+def stream_taps(
+    tensor_shape: tuple[int, ...], offset: int, sizes: list[int], strides: list[int], dtype: str = "bf16"
+) -> list[TensorAccessPattern]:
+    """A loop nest over a DDR tensor as few hardware-legal 4-D patterns as possible, in the same element order.
+
+    Contiguous dimensions are merged, a long contiguous run is factored into dimensions within the DMA's
+    limits, and the outermost dimension becomes the repeat dimension (which alone may have stride 0, e.g.
+    x re-sent for every block of rows); a repeat count above the hardware's is split into consecutive
+    patterns. Anything this cannot express falls back to the validator's generic ``legal_taps``.
+    """
+    dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
+    merged: list[tuple[int, int]] = []
+    for s, st in reversed(dims):
+        if merged and st != 0 and st == merged[-1][0] * merged[-1][1]:
+            s0, st0 = merged.pop()
+            merged.append((s * s0, st0))
+        else:
+            merged.append((s, st))
+    dims = list(reversed(merged)) or [(1, 1)]
+    eb = dtype_bytes(dtype)
+    s0, st0 = dims[-1]
+    if st0 == 1:
+        max_inner = int(TAP_MAX_SIZE * WORD_BYTES / eb)
+        if s0 > max_inner:
+            words = max(1, int(WORD_BYTES / eb)) if eb < WORD_BYTES else 1
+            b = _largest_divisor(s0, max_inner, words)
+            if b:
+                run = [(b, 1)]
+                rest = s0 // b
+                while rest > TAP_MAX_SIZE and len(dims) - 1 + len(run) + 1 < TAP_MAX_DIMS:
+                    d = _largest_divisor(rest, TAP_MAX_SIZE)
+                    if d <= 1:
+                        break
+                    run.insert(0, (d, run[0][0] * run[0][1]))
+                    rest //= d
+                run.insert(0, (rest, run[0][0] * run[0][1]))
+                dims = dims[:-1] + run
+    if len(dims) > TAP_MAX_DIMS:
+        return legal_taps(tensor_shape, offset, [s for s, _ in dims], [st for _, st in dims], dtype)
+    outer = dims[0]
+    if len(dims) < TAP_MAX_DIMS and (outer[1] == 0 or outer[0] > TAP_MAX_SIZE):
+        dims = [outer] + [(1, 0)] * (TAP_MAX_DIMS - len(dims)) + dims[1:]
+    taps: list[TensorAccessPattern] = []
+    if len(dims) == TAP_MAX_DIMS and dims[0][0] > TAP_MAX_REPEAT:
+        size, stride = dims[0]
+        for start in range(0, size, TAP_MAX_REPEAT):
+            chunk = min(TAP_MAX_REPEAT, size - start)
+            taps.append(
+                TensorAccessPattern(
+                    tensor_shape,
+                    offset + start * stride,
+                    (chunk,) + tuple(s for s, _ in dims[1:]),
+                    (stride,) + tuple(st for _, st in dims[1:]),
+                )
+            )
+    else:
+        taps.append(TensorAccessPattern(tensor_shape, offset, tuple(s for s, _ in dims), tuple(st for _, st in dims)))
+    if any(tap_problems(t, dtype) for t in taps):
+        return legal_taps(tensor_shape, offset, list(sizes), list(strides), dtype)
+    return taps
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the design
+# ----------------------------------------------------------------------------------------------------------------------
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = config or default_config(shape, device)
+    _check(shape, config, device)
+    rows, cols, tm, tk, depth, m = config.rows, config.cols, config.tile_m, config.tile_k, config.depth, shape.m
+    n, k = shape.n, shape.k
+    per_col = n // cols
+    block = rows * tm  # output rows a column produces per iteration
+    iters, ksteps = per_col // block, k // tk
+
+    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(0, SHIM_ROW))]
+    links = []
+    workers = []
+    kernel = _kernel(shape, config)
+    for c in range(cols):
+        shim, mem = Tile(c, SHIM_ROW), Tile(c, MEM_ROW)
+        if rows == 1:
+            fifos.append(Fifo(f"w_{c}", (tm, tk), "bf16", depth, shim_placement=shim))
+            fifos.append(Fifo(f"y_{c}", (m, tm), "bf16", 2, shim_placement=shim))
+            w_names, y_names = [f"w_{c}"], [f"y_{c}"]
+        else:
+            fifos.append(Fifo(f"w_l2_{c}", (block, tk), "bf16", depth, shim_placement=shim))
+            w_names = [f"w_{c}_{r}" for r in range(rows)]
+            fifos += [Fifo(name, (tm, tk), "bf16", depth) for name in w_names]
+            links.append(split(f"w_link_{c}", f"w_l2_{c}", w_names, [r * tm * tk for r in range(rows)], mem))
+            fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
+            y_names = [f"y_{c}_{r}" for r in range(rows)]
+            fifos += [Fifo(name, (m, tm), "bf16", 2) for name in y_names]
+            links.append(join(f"y_link_{c}", y_names, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
+        for r in range(rows):
+            workers.append(
+                Worker(
+                    name=f"mv_{r}_{c}",
+                    kernel=kernel,
+                    inputs=(w_names[r], "x"),
+                    outputs=(y_names[r],),
+                    iterations=iters,
+                    placement=Tile(c, FIRST_COMPUTE_ROW + r),
+                    local_bytes=4 * m * tm,
+                    acquires={w_names[r]: ksteps, "x": ksteps, y_names[r]: 1},
+                    calls_per_iteration=ksteps,
+                )
+            )
+
+    rt = Runtime()
+    # One task group per run of at most TAP_MAX_REPEAT output blocks: every stream of a group is then one or two
+    # patterns, well inside the shim's buffer descriptors, and groups run back to back.
+    for group, i0 in enumerate(range(0, iters, TAP_MAX_REPEAT)):
+        nb = min(TAP_MAX_REPEAT, iters - i0)
+        # x is re-sent for every output block (the broadcast delivers each object to every worker)
+        for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
+            rt.fill("x", "x", tap, group)
+        for c in range(cols):
+            w_fifo = f"w_{c}" if rows == 1 else f"w_l2_{c}"
+            y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
+            w_off = (c * per_col + i0 * block) * k
+            for tap in stream_taps((n, k), w_off, [nb, ksteps, block, tk], [block * k, tk, k, 1]):
+                rt.fill(w_fifo, "w", tap, group)
+            y_off = c * per_col + i0 * block
+            for tap in stream_taps((m, n), y_off, [nb, rows, m, tm], [block, tm, n, 1]):
+                rt.drain(y_fifo, "y", tap, group)
+
+    design = Design(
+        name=f"gemv_{n}x{k}_m{m}",
+        device=device,
+        inputs=[TensorSpec("x", (m, k)), TensorSpec("w", (n, k))],
+        outputs=[TensorSpec("y", (m, n))],
+        fifos=fifos,
+        links=links,
+        workers=workers,
+        runtime=rt,
+        numerics=_numerics(config),
+        fast=_fast(config),
+    )
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "macs": design.total_macs(),
+        "useful_macs": m * n * k,
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+        "weight_bytes": 2 * n * k,
+    }
+    return design
+
+
+def _fast(config: Config):
+    operands = "bfp16" if config.variant == "bfp16" else "bf16"
+
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        y = nx.matmul(inputs["x"], inputs["w"], acc="fp32", k_chunk=config.tile_k, operands=operands, exact=exact)
+        return {"y": y}
+
+    return fast
+
+
+def reference(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``)."""
+    from tilepilot.oracle.ops import linear
+
+    return {"y": linear(inputs["x"], inputs["w"])}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# configs
+# ----------------------------------------------------------------------------------------------------------------------
+def tile_k_choices(k: int, limit: int | None = None) -> list[int]:
+    """K chunks a worker can stream: K itself, and divisors of K that a single DMA row can carry (<= 2046 bf16)."""
+    max_strided = TAP_MAX_SIZE * WORD_BYTES // 2
+    out = [k] if k % K_GRANULE == 0 else []
+    out += [d for d in range(min(k - 1, max_strided), K_GRANULE - 1, -1) if k % d == 0 and d % K_GRANULE == 0]
+    return [d for d in out if limit is None or d <= limit]
+
+
+def fits(shape: Shape, config: Config, device: Device) -> bool:
+    try:
+        _check(shape, config, device)
+    except DesignError:
+        return False
+    return l1_bytes(shape, config) <= device.compute.memory_bytes
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """Configs worth timing, most promising first: more tiles, then bigger calls; arithmetic pre-filter only."""
+    device = device or npu2()
+    ks = tile_k_choices(shape.k)[:6]
+    out: list[tuple[tuple, Config]] = []
+    for rows in (1, 2, 4):
+        for cols in (8, 4, 2, 1):
+            if rows > device.compute_rows or cols > device.columns:
+                continue
+            for tm in TILE_M_CHOICES:
+                for tk in ks:
+                    for variant in ("vector", "bfp16", "scalar"):
+                        for depth in (2, 1):
+                            cfg = Config(cols, rows, tm, tk, variant, depth)
+                            if not fits(shape, cfg, device):
+                                continue
+                            rank = (variant != "vector", depth != 2, -rows * cols, -tm * tk, rows)
+                            out.append((rank, cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    """One row of workers on as many columns as divide N (8 measured best), the biggest chunks that fit L1.
+
+    The hand default mirrors the published AIR GEMVs (8 columns x 1 row, vector kernel, double-buffered);
+    the tuner may find more (e.g. several rows per column).
+    """
+    device = device or npu2()
+    for cols in (8, 4, 2, 1):
+        if cols > device.columns:
+            continue
+        for tm in (16, 8, 4, 2):
+            for tk in tile_k_choices(shape.k):
+                cfg = Config(cols, 1, tm, tk, "vector", 2)
+                if fits(shape, cfg, device):
+                    return cfg
+    raise _err(f"no GEMV tiling fits {shape}; N must split into columns x an even block and K into 32-element chunks")
+
+
+def from_air_tile(shape: Shape, tile: str, device: Device | None = None) -> Config:
+    """Our config for an AIR registry GEMV tile "herd_m/tile_m/m_input" (calibration): same columns and rows
+    per kernel call, one row of workers, the largest K chunk that fits L1 double-buffered."""
+    device = device or npu2()
+    herd_m, _tile_m, m_input = (int(v) for v in tile.split("/"))
+    for tk in tile_k_choices(shape.k):
+        cfg = Config(herd_m, 1, m_input, tk, "vector", 2)
+        if fits(shape, cfg, device):
+            return cfg
+    raise _err(f"AIR tile {tile} of {shape} has no legal equivalent here")
