@@ -23,7 +23,19 @@ NAME_MAX_CHARS = 64
 DESCRIPTION_MAX_CHARS = 1024
 NAME_PATTERN = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 # A description must say when to use the skill; we require one of these cues so an agent can pick it.
-WHEN_CUES = ("use when", "use it when", "use after", "use before", "run when", "run after", "run before")
+WHEN_CUES = (
+    "use when",
+    "use it when",
+    "use after",
+    "use before",
+    "use first",
+    "use last",
+    "use whenever",
+    "use if",
+    "run when",
+    "run after",
+    "run before",
+)
 
 KINDS = ("phase", "optimize", "debug")
 

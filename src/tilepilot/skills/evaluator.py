@@ -29,10 +29,11 @@ from typing import Any
 
 from tilepilot.skills.journal import EVALUATION, Journal, atomic_write
 
-# Claimed modeled figures may differ from re-timing by this much before they count as wrong: the timing
-# model is deterministic, so only float formatting and CPU-fallback measurement noise remain (host CPU
-# steps are timed as measured seconds, which vary run to run).
-PERF_TOLERANCE = 0.05
+# Claimed figures are compared in two parts. The modeled part (NPU dispatches + buffer syncs) comes from a
+# deterministic model, so only float noise is allowed. The part measured on the host (CPU groups of the
+# plan) varies with machine load; it is reported and warned about beyond a factor, never a FAIL by itself.
+PERF_TOLERANCE_MODELED = 1e-3
+PERF_FACTOR_MEASURED = 2.0
 # Gates that must exist and have passed before the evaluator (phases 0-6), by skill name.
 REQUIRED_GATES = (
     "build-cpu-oracle",
@@ -144,7 +145,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     from tilepilot.model.checkpoint import load_checkpoint
     from tilepilot.npu.trace import Trace
     from tilepilot.oracle.model import Oracle
-    from tilepilot.skills.context import checkpoint_files, file_digest, plan_digest
+    from tilepilot.skills.context import RUNTIME_KEY, checkpoint_files, file_digest, plan_digest
     from tilepilot.skills.phases.model import (
         compare_model,
         lm_head_ranges,
@@ -176,7 +177,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     # 1. the production path, audited
     trace = Trace()
     with OracleCallAudit() as audit:
-        runner = make_runner(plan, weights, trace=trace)
+        runner = make_runner(plan, weights, trace=trace, **dict(ws.extra.get(RUNTIME_KEY) or {}))
         prod = run_production(runner, a, b, greedy_steps)
     prefill_calls, decode_calls = 2, greedy_steps - 1
     out["dispatches"] = {
@@ -200,16 +201,10 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
 
     # 3. the plan re-timed (modeled)
     from tilepilot.plan.timing import time_plan
-    from tilepilot.skills.context import TIMING_PROMPT_LEN
+    from tilepilot.skills.context import TIMING_PROMPT_LEN, perf_figures
 
     t = time_plan(plan, spec, prompt_len=TIMING_PROMPT_LEN)
-    out["timing"] = {
-        "prompt_len": TIMING_PROMPT_LEN,
-        "ttft_s": float(t.ttft_s),
-        "decode_ms_per_token": float(t.decode_s_per_token) * 1e3,
-        "dispatches_per_layer": {s: plan.dispatches_per_layer(s) for s in ("prefill", "decode")},
-        "clock": "modeled",
-    }
+    out["timing"] = {"prompt_len": TIMING_PROMPT_LEN, **perf_figures(plan, t), "clock": "modeled"}
     return out
 
 
@@ -348,27 +343,39 @@ def judge(measured: dict[str, Any], journal: Journal, spec) -> tuple[list[Check]
     if (oracle_gate.get("evidence") or {}).get("reference") == "none":
         checks.append(Check("oracle-cross-check", "warn", "phase 0 could not cross-check the oracle (no transformers)"))
 
-    # performance claims
+    # performance claims: modeled part strictly, measured CPU part loosely
     dec = gates.get("decode-optimization") or {}
     claimed = (dec.get("evidence") or {}).get("claims") or {}
     claims["performance"] = claimed
     t = measured["timing"]
     bad, warn = [], []
-    for key, label in (("ttft_s", "TTFT"), ("decode_ms_per_token", "decode ms/token")):
-        c = claimed.get(key)
-        if not isinstance(c, (int, float)):
+    parts = (
+        ("ttft_s", "ttft_cpu_measured_s", 1.0, "TTFT", "s"),
+        ("decode_ms_per_token", "decode_cpu_measured_ms", 1.0, "decode", "ms/token"),
+    )
+    for total, cpu_key, _, label, unit in parts:
+        c_total, c_cpu = claimed.get(total), claimed.get(cpu_key, 0.0)
+        if not isinstance(c_total, (int, float)) or not isinstance(c_cpu, (int, float)):
             bad.append(f"no claimed {label}")
             continue
-        if c < t[key] * (1 - PERF_TOLERANCE):
-            bad.append(f"claimed {label} {c:.4g} but re-timed {t[key]:.4g} (modeled)")
-        elif c > t[key] * (1 + PERF_TOLERANCE):
-            warn.append(f"claimed {label} {c:.4g} is slower than re-timed {t[key]:.4g} (modeled)")
+        c_model, m_model = c_total - c_cpu, t[total] - t[cpu_key]
+        if c_model < m_model * (1 - PERF_TOLERANCE_MODELED):
+            bad.append(f"claimed modeled {label} {c_model:.6g} {unit} but re-timed {m_model:.6g} {unit}")
+        elif c_model > m_model * (1 + PERF_TOLERANCE_MODELED):
+            warn.append(f"claimed modeled {label} {c_model:.6g} {unit} is slower than re-timed {m_model:.6g} {unit}")
+        if c_cpu or t[cpu_key]:
+            lo, hi = sorted((max(c_cpu, 1e-12), max(t[cpu_key], 1e-12)))
+            if hi / lo > PERF_FACTOR_MEASURED:
+                warn.append(
+                    f"measured CPU part of {label} was {c_cpu:.4g} {unit} at deployment and {t[cpu_key]:.4g} {unit} "
+                    "now (host timing noise)"
+                )
     if bad:
         checks.append(Check("performance-claims", "fail", "performance claims inflated or missing: " + "; ".join(bad)))
     elif warn:
         checks.append(Check("performance-claims", "warn", "; ".join(warn)))
     else:
-        checks.append(Check("performance-claims", "pass", f"claims match re-timing within {PERF_TOLERANCE:.0%}"))
+        checks.append(Check("performance-claims", "pass", "claimed modeled TTFT and decode equal the re-timed ones"))
     return checks, claims
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tilepilot.skills.base import Skill, description_problems, name_problems
+from tilepilot.skills.base import WHEN_CUES, Skill, description_problems, name_problems
 from tilepilot.skills.journal import atomic_write
 
 LICENSE = "Apache-2.0"  # the project's licence (pyproject.toml)
@@ -23,6 +23,23 @@ _KIND_TITLES = {"phase": "Phase skill", "optimize": "Optimization skill", "debug
 def _yaml_string(s: str) -> str:
     """A double-quoted YAML scalar (escapes backslashes and quotes; descriptions are single-line)."""
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def when_to_use(skill: type[Skill]) -> str:
+    """The description's sentences that say when to use the skill (plus the phase's place in the chain)."""
+    sentences = [x.strip() for x in re.split(r"(?<=[.!?])\s+", " ".join(skill.description.split())) if x.strip()]
+    when = [x for x in sentences if any(cue in x.lower() for cue in WHEN_CUES)]
+    text = " ".join(when)
+    if skill.kind == "phase":
+        text += f" It is phase {skill.phase} of the 8-phase chain that `tilepilot deploy` runs in order."
+    elif skill.kind == "debug":
+        text += (
+            f" The orchestrator runs it automatically when a failed gate is classified as `{skill.signature}`, then "
+            "re-runs the failed phase."
+        )
+    else:
+        text += " Phases 4 (prefill) and 5 (decode) run it automatically; each change is kept or reverted on its own."
+    return text
 
 
 def render(skill: type[Skill]) -> str:
@@ -50,7 +67,7 @@ def render(skill: type[Skill]) -> str:
         "",
         "## When to use",
         "",
-        " ".join(skill.description.split()),
+        when_to_use(skill),
         "",
     ]
     if skill.inputs:

@@ -18,6 +18,9 @@ from tilepilot.skills.base import OptimizeSkill, SkillResult
 from tilepilot.skills.context import DeployContext, perf_figures
 
 STAGE_METRIC = {"prefill": "ttft_s", "decode": "decode_s_per_token"}
+# "The other stage is not slower" allows float summation noise between two dry runs of the same groups; the
+# targeted stage must still drop strictly (no tolerance there).
+SAME_TIME_RTOL = 1e-9
 
 
 @dataclass
@@ -65,6 +68,27 @@ class PlanOptimization(OptimizeSkill):
         return self.result("skipped", "nothing to change in this plan", evidence=evidence)
 
 
+def new_instances_failing(ctx: DeployContext, before, after) -> list[str]:
+    """Probe (phase-1 style) the kernel instances ``after`` uses that ``before`` did not; labels of failures."""
+    from tilepilot.skills.debug.probes import group_checks, plan_calls, probe, stage_rows
+
+    old = {(c.stage, c.op, c.family, c.config) for c in plan_calls(before)}
+    bad = []
+    for call in plan_calls(after):
+        if (call.stage, call.op, call.family, call.config) in old:
+            continue
+        rows, context = stage_rows(call.stage, ctx.settings.gate_prompt_len)
+        p = probe(ctx.spec, call, rows, context, seed=ctx.settings.seed, tile=False)
+        if not p.ok:
+            bad.append(f"{call.label()}: {p.error or 'below its kernel gate'}")
+    n = ctx.settings.gate_prompt_len
+    failing_before = {(g.stage, tuple(g.ops)) for g in group_checks(before, ctx.spec, n) if not g.ok}
+    for g in group_checks(after, ctx.spec, n):
+        if not g.ok and (g.stage, tuple(g.ops)) not in failing_before:
+            bad.append(f"{g.stage}/{g.group}: {', '.join(g.codes)}")
+    return bad
+
+
 def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> dict[str, Any]:
     """Time, gate and keep or reject one proposal; returns the perf-trajectory row (also journaled)."""
     from tilepilot.plan.plan import validate_plan
@@ -95,12 +119,14 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
             dispatches_after=perf_figures(prop.plan, after)["dispatches_per_layer"],
         )
         other = "decode" if stage == "prefill" else "prefill"
-        if not _figure(after, stage) < _figure(before, stage):
-            row["decision"] = (
-                f"rejected: not faster ({stage} {_figure(before, stage):.6g} -> {_figure(after, stage):.6g})"
-            )
-        elif _figure(after, other) > _figure(before, other):
-            row["decision"] = f"rejected: {other} slower ({_figure(before, other):.6g} -> {_figure(after, other):.6g})"
+        b_s, a_s = _figure(before, stage), _figure(after, stage)
+        b_o, a_o = _figure(before, other), _figure(after, other)
+        if not a_s < b_s:
+            row["decision"] = f"rejected: not faster ({stage} {b_s:.9g} -> {a_s:.9g} s, modeled)"
+        elif a_o > b_o * (1 + SAME_TIME_RTOL):
+            row["decision"] = f"rejected: {other} slower ({b_o:.9g} -> {a_o:.9g} s, modeled)"
+        elif bad := new_instances_failing(ctx, before_plan, prop.plan):
+            row["decision"] = "rejected: kernel probe failed (" + "; ".join(bad) + ")"
         else:
             from tilepilot.skills.phases.model import model_gate
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
-from tilepilot.skills.phases.model import gate_prompts, make_runner
+from tilepilot.skills.phases.model import gate_prompts
 
 
 def measure_block(ctx, plan) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -20,7 +20,7 @@ def measure_block(ctx, plan) -> tuple[dict[str, Any], dict[str, Any]]:
     from tilepilot.gates import thresholds as T
 
     ids, _ = gate_prompts(ctx)
-    runner = make_runner(plan, ctx.weights)
+    runner = ctx.make_runner(plan)
     pre = runner.prefill(ids, capture_layers=True).layer_outputs[0]
     runner.prefill(ids[:-1])
     dec = runner.decode(ids[-1], capture_layers=True).layer_outputs[0]

@@ -156,17 +156,18 @@ def gate_prompts(ctx, seed: int | None = None, texts=None) -> tuple[list[int], l
     return a, b
 
 
-def make_runner(plan, weights, trace=None):
-    from tilepilot.runner import NpuRunner
+def make_runner(plan, weights, trace=None, library=None, static_buffers=(), **_ignored):
+    """The production runner; ``static_buffers`` are runtime options recorded in the workspace."""
+    from tilepilot.runner.npu_runner import NpuRunner
 
-    return NpuRunner(plan, weights, trace=trace)
+    return NpuRunner(plan, weights, trace=trace, library=library, static_buffers=tuple(static_buffers))
 
 
 def model_gate(ctx, plan, *, runner_factory: Callable | None = None) -> tuple[Any, dict[str, Any]]:
     """Run the model gate for ``plan`` on the deployment's gate prompts; returns (GateReport, evidence)."""
     a, b = gate_prompts(ctx)
     ref = ctx.reference(a, b)
-    factory = runner_factory or (lambda: make_runner(plan, ctx.weights))
+    factory = runner_factory or (lambda: ctx.make_runner(plan))
     evidence: dict[str, Any] = {}
     try:
         prod = run_production(factory(), a, b, ctx.settings.greedy_steps)

@@ -1,0 +1,120 @@
+"""What the debug skills share: find the culprit calls with probes, pick a config that passes, apply, log.
+
+Repairs change the plan (or the workspace's runtime options) and nothing else; the orchestrator then
+re-runs the failed phase, whose gate decides whether the repair worked. A replacement config must pass
+the same kernel probe the culprit failed (plus the skill's own extra condition) and be legal at every
+size the deployment runs, so a repair cannot trade one fault for another silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+from tilepilot.skills.base import DebugSkill, SkillInput, SkillResult
+from tilepilot.skills.debug.probes import CallRef, Probe, call_shape, probe, probe_plan, stage_rows
+
+# Replacement configs tried per culprit call (the family default first, then its own ranking).
+MAX_CANDIDATES = 24
+
+WS_INPUT = SkillInput("workspace", "the deployment workspace whose phase failed with this skill's signature")
+
+
+def resume_commands(name: str) -> tuple[str, ...]:
+    return (
+        "tilepilot deploy MODEL_DIR --out WORKSPACE --resume   # the orchestrator picks this skill by signature",
+        f"tilepilot skills list   # {name} is listed under debug skills",
+    )
+
+
+def candidates(spec, call: CallRef, rows: int, context: int) -> list[dict[str, Any]]:
+    """The family default, then its candidate configs, as plan config dicts (current one excluded)."""
+    from tilepilot.plan.bind import family_module
+
+    mod = family_module(call.family)
+    shape = call_shape(spec, call, rows, context)
+    out: list[dict[str, Any]] = []
+    try:
+        out.append(asdict(mod.default_config(shape)))
+    except Exception:
+        pass
+    try:
+        out += [asdict(c) for c in mod.candidate_configs(shape)[:MAX_CANDIDATES]]
+    except Exception:
+        pass
+    current = call.config_dict
+    seen, uniq = set(), []
+    for c in out:
+        key = tuple(sorted(c.items()))
+        if key not in seen and c != current:
+            seen.add(key)
+            uniq.append(c)
+    return uniq
+
+
+def reconfigure(
+    ctx,
+    culprits: list[Probe],
+    accept: Callable[[Probe], bool] = lambda p: p.ok,
+    prefer: Callable[[dict[str, Any], dict[str, Any]], int] | None = None,
+) -> tuple[Any, list[str]]:
+    """A copy of the plan where each culprit call runs the first candidate config that passes its probe and
+    ``accept``; returns (plan, one sentence per change). ``prefer(candidate, current)`` sorts candidates."""
+    from tilepilot.skills.optimize.common import clone
+    from tilepilot.skills.optimize.kernels import legal_at, set_config, sizes_for
+
+    plan = clone(ctx.plan)
+    changes: list[str] = []
+    n = ctx.settings.gate_prompt_len
+    for bad in culprits:
+        call = bad.call
+        rows, context = stage_rows(call.stage, n)
+        cands = candidates(ctx.spec, call, rows, context)
+        if prefer is not None:
+            cands.sort(key=lambda c: prefer(c, bad.config))
+        for cfg in cands:
+            if not legal_at(ctx.spec, call, cfg, sizes_for(call.stage, ctx)):
+                continue
+            p = probe(ctx.spec, call, rows, context, config=cfg, seed=ctx.settings.seed, tile=False)
+            if p.ok and accept(p):
+                set_config(plan, call, cfg)
+                diff = {k: v for k, v in cfg.items() if bad.config.get(k) != v}
+                changes.append(f"{call.label()}: config {diff} (probe Pearson {p.measurements['pearson']:.6f})")
+                break
+    return plan, changes
+
+
+def probes_now(ctx) -> list[Probe]:
+    """Probe every kernel instance of the current plan at the gate sizes (no tile path: speed)."""
+    return probe_plan(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed, tile=False)
+
+
+class ReconfigureSkill(DebugSkill):
+    """A debug skill whose remedy is a new config for the culprit calls; subclasses pick culprits."""
+
+    abstract = True
+    inputs = (WS_INPUT,)
+
+    def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:  # pragma: no cover - contract
+        raise NotImplementedError
+
+    def accept(self, p: Probe) -> bool:
+        return p.ok
+
+    prefer: ClassVar[Callable[[dict[str, Any], dict[str, Any]], int] | None] = None
+
+    def run(self, ctx) -> SkillResult:
+        probes = probes_now(ctx)
+        bad = self.culprits(ctx, probes)
+        if not bad:
+            return self.result(
+                "unrepaired", "no kernel instance of the plan shows this fault when probed alone", evidence={}
+            )
+        plan, changes = reconfigure(ctx, bad, self.accept, type(self).prefer)
+        evidence = {"culprits": [p.call.label() for p in bad], "changes": changes}
+        if len(changes) < len({p.call.label() for p in bad}):
+            missing = sorted({p.call.label() for p in bad} - {c.split(":")[0] for c in changes})
+            return self.result("unrepaired", f"no passing config found for {', '.join(missing)}", evidence=evidence)
+        ctx.save_plan(plan)
+        return self.result("repaired", "; ".join(changes), evidence=evidence)

@@ -1,0 +1,75 @@
+"""Design-rule debug skills: tile memory overflow, and merged launches whose arguments do not bind."""
+
+from __future__ import annotations
+
+from tilepilot.skills.base import DebugSkill, SkillResult
+from tilepilot.skills.classify import MERGED_LAUNCH_ARGUMENT_MISMATCH, TILE_MEMORY_OVERFLOW
+from tilepilot.skills.debug.common import WS_INPUT, ReconfigureSkill, resume_commands
+from tilepilot.skills.debug.probes import Probe, group_checks
+
+MEMORY_CODES = ("L1_OVERFLOW", "L2_OVERFLOW")
+
+
+class FixTileMemoryOverflow(ReconfigureSkill):
+    name = "fix-tile-memory-overflow"
+    signature = TILE_MEMORY_OVERFLOW
+    description = (
+        "Re-tiles every kernel instance the validator rejects for compute-tile (64 KiB) or memory-tile (512 KiB) "
+        "overflow, taking the family default or the first candidate that validates and passes its probe at every "
+        "size the deployment runs. Use when a phase fails with L1_OVERFLOW or L2_OVERFLOW."
+    )
+    purpose = "Brings buffers x depth + locals back under the tile memory the hardware has."
+    commands = resume_commands("fix-tile-memory-overflow")
+    gate_text = "The failed phase re-runs; the validator and the kernel gate decide."
+    failure_modes = ("No candidate fits: the shape needs a different family or padding; needs a human.",)
+
+    def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:
+        return [p for p in probes if any(c in MEMORY_CODES for c in p.codes)]
+
+
+class FixMergedLaunchArguments(DebugSkill):
+    name = "fix-merged-launch-arguments"
+    signature = MERGED_LAUNCH_ARGUMENT_MISMATCH
+    description = (
+        "Rebuilds every merged (multi-launch) group whose tensor bindings do not match: first gives the producing "
+        "calls their family default configs (which do not pad), and if a binding still mismatches, splits the "
+        "group at that launch. Use when a phase fails with GROUP_BINDING."
+    )
+    purpose = "Repairs the argument-order / shape mismatches the paper's authors hit when merging launches."
+    inputs = (WS_INPUT,)
+    commands = resume_commands("fix-merged-launch-arguments")
+    gate_text = "The failed phase re-runs; the group binding check and the kernel gate decide."
+    failure_modes = ("A single-launch group still fails to bind: not a merge problem; needs a human.",)
+
+    def run(self, ctx) -> SkillResult:
+        from tilepilot.skills.optimize.common import clone
+
+        n = ctx.settings.gate_prompt_len
+        bad = [g for g in group_checks(ctx.plan, ctx.spec, n) if not g.ok]
+        if not bad:
+            return self.result("unrepaired", "every merged group binds; the GROUP_BINDING came from elsewhere")
+        plan = clone(ctx.plan)
+        changes = []
+        for g in bad:  # step 1: default configs for the group's calls
+            for grp in plan.stage(g.stage).block:
+                if grp.name == g.group:
+                    for c in grp.calls:
+                        if c.config:
+                            changes.append(f"{g.stage}/{c.op}: config reset to the family default")
+                            c.config = {}
+        still = {(x.stage, x.group) for x in group_checks(plan, ctx.spec, n) if not x.ok}
+        for stage, name in still:  # step 2: split what still does not bind into single-op groups
+            st = plan.stage(stage)
+            i = next(k for k, grp in enumerate(st.block) if grp.name == name)
+            grp = st.block[i]
+            from tilepilot.plan.plan import KernelGroup
+
+            singles = [KernelGroup(f"{name}/{c.op}", [c], "npu") for c in grp.calls]
+            st.block[i : i + 1] = singles
+            changes.append(f"{stage}/{name}: split into {len(singles)} single-launch groups")
+        remaining = [x for x in group_checks(plan, ctx.spec, n) if not x.ok]
+        evidence = {"groups": [f"{g.stage}/{g.group}: {g.message}" for g in bad], "changes": changes}
+        if remaining:
+            return self.result("unrepaired", f"{len(remaining)} group(s) still do not bind", evidence=evidence)
+        ctx.save_plan(plan)
+        return self.result("repaired", "; ".join(changes), evidence=evidence)

@@ -1,0 +1,279 @@
+"""Kernel probes: one kernel instance of a plan, run alone on known inputs and compared with its FP32 op.
+
+Phase 1 validates every instance a plan uses with these probes, and the debug skills use them to find
+which call of a failing plan is at fault and to pick a configuration that is not. A probe builds the
+call's design for the shape the plan gives it, validates it (validator codes are evidence too), runs the
+production fast path on seeded inputs, and compares with the family's ``reference`` (the oracle op);
+small instances also run the tile-level executor, which must agree with the exact fast path bit for bit.
+Probes are diagnostics, never the production path, so they may use the oracle's RoPE tables.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+import torch
+
+from tilepilot.plan.graph import KV_FAMILY, block_graph
+
+# The tile-level executor is exact and slow; instances above this many MACs skip it (recorded).
+TILE_PATH_MAX_MACS = 4_000_000
+# Rows of the RoPE probe behind the layout signature (position 0 is RoPE's identity, 1.. are not).
+ROPE_PROBE_ROWS = 16
+
+
+@dataclass(frozen=True)
+class CallRef:
+    """Where a kernel call sits in a plan."""
+
+    stage: str
+    part: str
+    group: str
+    op: str
+    family: str
+    config: tuple  # sorted (key, value) pairs of the plan's config dict
+
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def label(self) -> str:
+        return f"{self.stage}/{self.op} ({self.family})"
+
+
+def plan_calls(plan) -> list[CallRef]:
+    """Every NPU kernel call of the plan (KV writes are DMAs, not kernels)."""
+    out = []
+    for stage in ("prefill", "decode"):
+        st = plan.stage(stage)
+        for part, groups in (("block", st.block), ("head", st.head)):
+            for g in groups:
+                if g.where != "npu":
+                    continue
+                for c in g.calls:
+                    if c.family != KV_FAMILY:
+                        out.append(CallRef(stage, part, g.name, c.op, c.family, tuple(sorted(c.config.items()))))
+    return out
+
+
+def call_shape(spec, call: CallRef, rows: int, context: int, config: dict[str, Any] | None = None):
+    from tilepilot.plan.bind import binding
+
+    node = block_graph(spec).node(call.op)
+    cfg = call.config_dict if config is None else config
+    if call.part == "head" and node.kind == "lm_head":
+        rows = 1  # the head reads only the last position (the runner's last_only prefill and decode)
+    return binding(node, call.family).shape(node, spec, rows, context, cfg)
+
+
+def stage_rows(stage: str, prompt_len: int) -> tuple[int, int]:
+    """(rows, context) of a call in ``stage`` for a prompt of ``prompt_len`` tokens."""
+    return (prompt_len, prompt_len) if stage == "prefill" else (1, prompt_len + 1)
+
+
+@dataclass
+class Probe:
+    call: CallRef
+    shape: dict[str, Any]
+    config: dict[str, Any]
+    measurements: dict[str, float] = field(default_factory=dict)
+    row_cosine: list[float] = field(default_factory=list)
+    partition_pearson: list[float] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)
+    tile_checked: bool = False
+    error: str | None = None
+    report: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.codes and bool(self.report and self.report.get("passed"))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["call"] = {**asdict(self.call), "config": self.call.config_dict}
+        d["ok"] = self.ok
+        return d
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return asdict(x) if is_dataclass(x) else dict(x)
+
+
+def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0) -> tuple[dict, dict]:
+    """Seeded inputs for the design (by its DDR tensor names), and the same for the reference.
+
+    RoPE gets real cos/sin tables (so position 0 is the identity); the reference gets them in FP32 as the
+    true op, the design in its declared table dtype.
+    """
+    from tilepilot.npu.design import torch_dtype
+
+    ins, ref = {}, {}
+    for ts in design.inputs:
+        dt = torch_dtype(ts.dtype)
+        if family == "rope" and ts.name == "cs":
+            from tilepilot.oracle.ops import rope_tables
+            from tilepilot.oracle.rope import inv_freq_for
+
+            cos, sin = rope_tables(torch.arange(start, start + ts.shape[0]), inv_freq_for(spec))
+            half = cos.shape[-1] // 2
+            table = torch.cat((cos[:, :half], sin[:, :half]), dim=-1).float()
+            ins[ts.name], ref[ts.name] = table.to(dt), table
+            continue
+        t = torch.randn(ts.shape, generator=gen, dtype=torch.float32)
+        if ts.name in ("w",) and len(ts.shape) == 1:  # norm weights sit around 1
+            t = 1.0 + 0.1 * t
+        ins[ts.name] = ref[ts.name] = t.to(dt)
+    return ins, ref
+
+
+def _run_reference(mod, ref_inputs: dict, shape) -> dict[str, torch.Tensor]:
+    params = inspect.signature(mod.reference).parameters
+    return mod.reference(ref_inputs, shape=shape) if "shape" in params else mod.reference(ref_inputs)
+
+
+def probe(
+    spec,
+    call: CallRef,
+    rows: int,
+    context: int,
+    *,
+    config: dict[str, Any] | None = None,
+    library=None,
+    seed: int = 0,
+    tile: bool = True,
+) -> Probe:
+    """Validate and run one call's design alone; compare with the FP32 reference (and the tile path)."""
+    from tilepilot.gates import metrics as M
+    from tilepilot.gates import thresholds as T
+    from tilepilot.npu.design import MultiLaunchGroup
+    from tilepilot.npu.execute import run_group_tile, run_tile
+    from tilepilot.npu.validate import validate, validate_group
+    from tilepilot.plan.bind import family_module, make_config
+
+    cfg_dict = call.config_dict if config is None else dict(config)
+    mod = family_module(call.family)
+    shape = call_shape(spec, call, rows, context, cfg_dict)
+    try:
+        cfg = make_config(mod, shape, cfg_dict)
+        design = mod.make_design(shape, cfg)
+    except Exception as e:
+        codes = list(getattr(e, "codes", []) or [])
+        return Probe(call, _dict(shape), cfg_dict, codes=codes, error=f"{type(e).__name__}: {e}")
+    p = Probe(call, _dict(shape), _dict(cfg))
+    group = isinstance(design, MultiLaunchGroup)
+    p.codes = sorted({v.code for v in (validate_group(design) if group else validate(design))})
+    if p.codes:
+        p.error = f"validator: {', '.join(p.codes)}"
+        return p
+    gen = torch.Generator().manual_seed(seed)
+    ins, ref_ins = _inputs(design, call.family, spec, gen)
+    out = design.fast(ins)
+    ref = _run_reference(mod, ref_ins, shape)
+    name = design.outputs[0].name
+    o, r = out[name].float(), ref[name].float()
+    p.measurements = M.compare(r, o)
+    p.row_cosine = M.per_position_cosine(r.reshape(r.shape[0], -1), o.reshape(o.shape[0], -1)).tolist()
+    if call.family == "lm_head" and hasattr(mod, "partition_report"):
+        p.partition_pearson = [c.pearson for c in mod.partition_report(design, ins, o, r)]
+        p.measurements["partitions.min_pearson"] = min(p.partition_pearson)
+    macs = float(design.meta.get("macs", 0) or 0)
+    if tile and macs <= TILE_PATH_MAX_MACS:
+        exact = design.fast(ins, exact=True)[name].float()
+        if group:
+            tiled = design.assemble_group_outputs(run_group_tile(design, design.group_inputs(ins))).float()
+        else:
+            tiled = run_tile(design, ins)[name].float()
+        p.measurements[T.TILE_VS_FAST] = M.max_abs_err(exact, tiled)
+        p.tile_checked = True
+    gate = T.phase1_gate(call.family, tile_path=p.tile_checked)
+    thresholds = list(gate.thresholds)
+    if p.partition_pearson:
+        from tilepilot.gates.gate import Gate, Threshold
+
+        thresholds.append(
+            Threshold("partitions.min_pearson", ">=", T.min_correlation(call.family), T.SRC_DESIGN + " (per partition)")
+        )
+        gate = Gate(gate.name, thresholds)
+    p.report = gate.evaluate(p.measurements).to_dict()
+    return p
+
+
+def probe_plan(plan, spec, prompt_len: int, *, seed: int = 0, tile: bool = True) -> list[Probe]:
+    """One probe per distinct (family, shape, config) of the plan's NPU calls."""
+    seen: dict[tuple, Probe] = {}
+    out = []
+    for call in plan_calls(plan):
+        rows, context = stage_rows(call.stage, prompt_len)
+        key = (call.family, repr(call_shape(spec, call, rows, context)), call.config)
+        if key not in seen:
+            seen[key] = probe(spec, call, rows, context, seed=seed, tile=tile)
+        out.append(seen[key] if seen[key].call == call else _relabel(seen[key], call))
+    return out
+
+
+def _relabel(p: Probe, call: CallRef) -> Probe:
+    q = Probe(**{**p.__dict__})
+    q.call = call
+    return q
+
+
+def rope_probe(plan, spec) -> list[float]:
+    """Per-position cosine of the plan's prefill RoPE kernel (q) over positions 0..ROPE_PROBE_ROWS-1."""
+    for call in plan_calls(plan):
+        if call.stage == "prefill" and call.op == "rope_q" and call.family == "rope":
+            try:
+                return probe(spec, call, ROPE_PROBE_ROWS, ROPE_PROBE_ROWS, tile=False).row_cosine
+            except Exception:
+                return []
+    return []
+
+
+@dataclass
+class GroupCheck:
+    """A multi-call NPU group built as one multi-launch dispatch, with its binding problems."""
+
+    stage: str
+    group: str
+    ops: list[str]
+    codes: list[str]
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.codes
+
+
+def group_checks(plan, spec, prompt_len: int, only: tuple[str, str] | None = None) -> list[GroupCheck]:
+    """Build every multi-call NPU group of the plan as a multi-launch group with tensor bindings between its
+    launches (``kernels.fuse``); a binding whose tensors disagree is GROUP_BINDING. Groups that cannot be
+    expressed as one fused dispatch for another reason are reported with that reason's codes."""
+    from tilepilot.kernels.fuse import group_for_ops
+    from tilepilot.plan.bind import family_module, make_config
+
+    graph = block_graph(spec)
+    out = []
+    for stage in ("prefill", "decode"):
+        rows, context = stage_rows(stage, prompt_len)
+        for part, groups in (("block", plan.stage(stage).block), ("head", plan.stage(stage).head)):
+            for g in groups:
+                kernel_ops = [c for c in g.calls if c.family != KV_FAMILY]
+                if g.where != "npu" or len(kernel_ops) < 2 or part == "head":
+                    continue
+                if only is not None and (stage != only[0] or only[1] not in [c.op for c in g.calls]):
+                    continue
+                configs = {}
+                for c in kernel_ops:
+                    if c.config:
+                        ref = CallRef(stage, part, g.name, c.op, c.family, tuple(sorted(c.config.items())))
+                        mod = family_module(c.family)
+                        configs[c.op] = make_config(mod, call_shape(spec, ref, rows, context), c.config)
+                ops = [c.op for c in g.calls if graph.node(c.op).kind != "kv_write"]
+                try:
+                    group_for_ops(g.name, spec, ops, rows, stage=stage, context=context - rows, configs=configs)
+                    out.append(GroupCheck(stage, g.name, ops, []))
+                except Exception as e:
+                    codes = sorted(set(getattr(e, "codes", []) or [type(e).__name__]))
+                    out.append(GroupCheck(stage, g.name, ops, codes, str(e)))
+    return out
