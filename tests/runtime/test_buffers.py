@@ -94,3 +94,12 @@ def test_reuse_buffers_allocates_once():
             p.buffer("x")
     assert reuse.stats.allocs == 1
     assert fresh.stats.allocs == 4
+
+
+def test_zero_copy_buffers_cannot_go_stale():
+    p = pool(zero_copy=True)
+    t = p.buffer("table", kind="table", static=True)
+    t.write(torch.tensor([1.0]))
+    p.device_view(t)
+    t.write(torch.tensor([2.0]))
+    assert p.device_view(t).item() == 2.0

@@ -17,7 +17,8 @@ Policies (``HostPolicy`` of the plan), each changing modeled time and never a re
   dispatch allocates (and pays for) its buffers.
 
 ``BufferPool(trust_static=True)`` trusts static buffers never to change (the fast production
-behaviour). With ``trust_static=False`` every use of a static buffer checks that its host side is
+behaviour); a static buffer that does change is then read stale (not under zero-copy, where the
+device reads the host's pages). With ``trust_static=False`` every use of a static buffer checks that its host side is
 unchanged and raises ``StaleBufferError`` if it was rewritten: the check a debug skill runs.
 """
 
@@ -184,7 +185,8 @@ class BufferPool:
                     "mark it non-static so it is synced on every change"
                 )
             self.stats.skipped += 1
-            return buf.device
+            # zero-copy: the device reads the host's pages, so even a skipped sync cannot be stale
+            return buf.host if self.policy.zero_copy else buf.device
         if buf.device_version == buf.host_version and self.policy.skip_unchanged_writes:
             self.stats.skipped += 1
             return buf.device
