@@ -16,8 +16,9 @@ per C tile it holds C and streams K / tile_k pairs of A and W tiles (one kernel 
 Numerics: bf16 operands (or block-FP16 for variant "bfp16"), exact per-call partial sums, accumulated
 in an fp32 scratch accumulator and rounded once (acc="fp32"), or accumulated in the bf16 C buffer and so
 rounded after every K chunk (acc="bf16", what a kernel accumulating in its output buffer does).
-Production fast path (exact=False): one ``torch.nn.functional.linear`` on bf16 for acc="fp32" (at most
-one bf16 ulp from the exact path on a small fraction of elements, see tests), a K-chunk loop otherwise.
+Production fast path (exact=False): one ``torch.nn.functional.linear`` on bf16 for acc="fp32" (differs
+from the exact path on < 1% of elements, by one bf16 ulp except under heavy cancellation; the bound is in
+``numerics.matmul`` and tested), a K-chunk loop otherwise.
 """
 
 from __future__ import annotations

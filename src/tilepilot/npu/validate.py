@@ -155,10 +155,10 @@ def legal_taps(
 ) -> list[TensorAccessPattern]:
     """Express an arbitrary loop nest over a DDR tensor as consecutive hardware-legal patterns (same element order).
 
-    Unit dimensions are dropped, a long contiguous innermost run is folded into [rows, words<=1023] and a
-    too-long repeat dimension is chunked; if the nest still does not fit, its outermost dimension is peeled
-    into one pattern per index. Kernels use this so that they never hand the validator an illegal pattern
-    they could have split.
+    Unit dimensions are dropped, a long contiguous innermost run is folded into [rows, words<=1023], a too
+    long outermost loop is cut into legal lengths; if the nest still does not fit, its outermost dimension
+    is peeled into one pattern per index. Kernels use this so that they never hand the validator an
+    illegal pattern they could have split.
     """
     dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
     if not dims:
@@ -175,24 +175,22 @@ def legal_taps(
         return [tap]
     size, stride = dims[0]
     rest = dims[1:]
-    if len(dims) == TAP_MAX_DIMS and size > TAP_MAX_REPEAT:
-        inner = TensorAccessPattern(tensor_shape, offset, tuple(d[0] for d in rest), tuple(d[1] for d in rest))
-        if not tap_problems(inner, dtype):
-            out: list[TensorAccessPattern] = []
-            for start in range(0, size, TAP_MAX_REPEAT):
-                chunk = min(TAP_MAX_REPEAT, size - start)
-                out += legal_taps(
-                    tensor_shape,
-                    offset + start * stride,
-                    [chunk] + [d[0] for d in rest],
-                    [stride] + [d[1] for d in rest],
-                    dtype,
-                )
-            return out
     if not rest:
         return [tap]  # a single dimension that cannot be fixed; the validator will report it
-    out = []
-    for i in range(size):
+    limit = TAP_MAX_REPEAT if len(dims) == TAP_MAX_DIMS else TAP_MAX_SIZE
+    out: list[TensorAccessPattern] = []
+    if len(dims) <= TAP_MAX_DIMS and size > limit:  # too long an outer loop: cut it into legal lengths
+        for start in range(0, size, limit):
+            n = min(limit, size - start)
+            out += legal_taps(
+                tensor_shape,
+                offset + start * stride,
+                [n] + [d[0] for d in rest],
+                [stride] + [d[1] for d in rest],
+                dtype,
+            )
+        return out
+    for i in range(size):  # otherwise peel the outermost loop into one pattern per index
         out += legal_taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype)
     return out
 
