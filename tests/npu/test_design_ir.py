@@ -124,6 +124,15 @@ def test_default_program_holds_outputs_and_streams_inputs():
     assert sum(isinstance(o, Call) for o in first_iter) == 3
 
 
+def test_default_program_streams_outputs_per_call_too():
+    w = Worker(
+        "w", TileKernel("k", _noop), ("wt", "x"), ("y",), iterations=1, acquires={"x": 4, "y": 4}, calls_per_iteration=4
+    )
+    ops = _drive(w)
+    assert [o.fifo for o in ops if isinstance(o, Acquire)] == ["wt"] + ["x", "y"] * 4
+    assert isinstance(ops[-1], Release) and ops[-1].fifo == "wt"
+
+
 def test_default_program_rejects_counts_it_cannot_express():
     w = Worker("w", TileKernel("k", _noop), ("a",), ("c",), acquires={"a": 2}, calls_per_iteration=3)
     with pytest.raises(ConfigError):

@@ -365,9 +365,9 @@ class Worker:
 
     Declarative summary (what the timing model reads): per iteration the worker acquires
     ``acquires[f]`` objects of each fifo f (default 1) and calls its kernel ``calls_per_iteration`` times.
-    The default program derives the loop from that summary: outputs and inputs with count 1 are held for
-    the whole iteration, inputs with count == calls_per_iteration are acquired and released once per call
-    (GEMM: C held, A and B streamed over K). Anything else needs a custom ``program``.
+    The default program derives the loop from that summary: fifos with count 1 are held for the whole
+    iteration, fifos with count == calls_per_iteration are acquired and released around every call
+    (GEMM: C held, A and W streamed over K). Anything else needs a custom ``program``.
     """
 
     name: str
@@ -411,31 +411,36 @@ class Worker:
 
 
 def default_program(worker: Worker) -> Iterator[Op]:
-    """The acquire / call / release loop implied by a worker's declarative summary."""
+    """The acquire / call / release loop implied by a worker's declarative summary.
+
+    A fifo acquired once per iteration is held across all calls of the iteration (GEMM's C, a norm
+    weight); one acquired ``calls_per_iteration`` times is taken and given back around every call (GEMM's
+    A and W over K, streamed chunks). Held fifos are acquired outputs first, in declaration order.
+    """
     counts = worker.acquires_per_iteration()
     steps = worker.calls_per_iteration
-    held_inputs = [f for f in worker.inputs if counts[f] == 1]
-    streamed = [f for f in worker.inputs if steps > 1 and counts[f] == steps]
-    bad = [f for f in worker.fifos if counts[f] not in ((1, steps) if f in worker.inputs else (1,))]
+    bad = [f for f in worker.fifos if counts[f] not in (1, steps)]
     if bad:
         raise ConfigError(
             f"Worker {worker.name} acquires {', '.join(f'{f} x{counts[f]}' for f in bad)} per iteration, "
             "which the default program cannot express; give the worker a custom program."
         )
+    held = [f for f in worker.outputs + worker.inputs if counts[f] == 1]
+    streamed = [f for f in worker.inputs + worker.outputs if steps > 1 and counts[f] == steps]
     for it in range(worker.iterations):
-        held: dict[str, torch.Tensor] = {}
-        for f in worker.outputs + tuple(held_inputs):
+        bufs_held: dict[str, torch.Tensor] = {}
+        for f in held:
             bufs = yield Acquire(f, 1)
-            held[f] = bufs[0]
+            bufs_held[f] = bufs[0]
         for step in range(steps):
-            now: dict[str, torch.Tensor] = dict(held)
+            now: dict[str, torch.Tensor] = dict(bufs_held)
             for f in streamed:
                 bufs = yield Acquire(f, 1)
                 now[f] = bufs[0]
             yield Call(tuple(now[f] for f in worker.inputs), tuple(now[f] for f in worker.outputs), it, step, steps)
             for f in streamed:
                 yield Release(f, 1)
-        for f in tuple(held_inputs) + worker.outputs:
+        for f in held:
             yield Release(f, 1)
 
 

@@ -515,7 +515,7 @@ def _workers(design: Design) -> list[Violation]:
     for w in design.workers:
         if w.program is None:
             counts, steps = w.acquires_per_iteration(), w.calls_per_iteration
-            bad = [f for f in w.inputs if counts[f] not in (1, steps)] + [f for f in w.outputs if counts[f] != 1]
+            bad = [f for f in w.fifos if counts[f] not in (1, steps)]
             if bad:
                 out.append(
                     Violation(
