@@ -1,0 +1,56 @@
+"""`tilepilot inspect MODEL_DIR`: the spec, the scope verdict and a header-only weight check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tilepilot.model.checkpoint import check_headers
+from tilepilot.model.spec import load_spec
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("inspect", help="read config.json and safetensors headers; say whether tilepilot can deploy it")
+    p.add_argument("model_dir", help="a local Hugging Face model directory")
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    return p
+
+
+def run(args) -> int:
+    spec = load_spec(args.model_dir)  # raises ScopeError / ConfigError with one sentence
+    report = check_headers(args.model_dir, spec)  # reads headers only, never the tensor data
+    if args.json:
+        print(json.dumps({"spec": spec.to_dict(), "in_scope": True, "weights": report.to_dict()}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name or args.model_dir} ({spec.architecture})", show_header=False)
+    rs = spec.rope_scaling
+    rows = {
+        "family": spec.family,
+        "layers": spec.n_layers,
+        "hidden / intermediate": f"{spec.hidden} / {spec.intermediate}",
+        "heads / kv heads / head_dim": f"{spec.n_heads} / {spec.n_kv_heads} / {spec.head_dim}",
+        "vocab": spec.vocab,
+        "rms eps": spec.rms_eps,
+        "rope theta": spec.rope_theta,
+        "rope scaling": f"llama3 x{rs.factor:g} (low {rs.low_freq_factor:g}, high {rs.high_freq_factor:g}, "
+        f"orig {rs.original_max_position_embeddings})"
+        if rs
+        else "none",
+        "qkv bias / q-k norm / tied": f"{spec.qkv_bias} / {spec.qk_norm} / {spec.tied_embeddings}",
+        "max positions": spec.max_positions,
+        "bos / eos": f"{spec.bos_id} / {list(spec.eos_ids)}",
+        "parameters": f"{spec.n_params / 1e9:.3f} B ({spec.weight_bytes() / 2**30:.2f} GiB in bf16)",
+        "weights": f"{report.n_tensors} tensors in {len(report.files)} file(s), "
+        f"{report.total_bytes / 2**30:.2f} GiB, {report.dtypes}",
+        "scope": "in scope: tilepilot can deploy this model",
+    }
+    for k, v in rows.items():
+        table.add_row(k, str(v))
+    console = Console()
+    console.print(table)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    return 0
