@@ -29,12 +29,14 @@ def resume_commands(name: str) -> tuple[str, ...]:
 
 
 def candidates(spec, call: CallRef, rows: int, context: int) -> list[dict[str, Any]]:
-    """The family default, then its candidate configs, as plan config dicts (current one excluded)."""
+    """Plan config dicts to try, current one excluded: the per-shape family default ({}), the default for this
+    shape, then the family's candidate configs in its own ranking."""
     from tilepilot.plan.bind import family_module
 
     mod = family_module(call.family)
     shape = call_shape(spec, call, rows, context)
-    out: list[dict[str, Any]] = []
+    # First the empty config: "the family default for whatever shape the call meets", legal at every size.
+    out: list[dict[str, Any]] = [{}]
     try:
         out.append(asdict(mod.default_config(shape)))
     except Exception:
@@ -74,12 +76,13 @@ def reconfigure(
         if prefer is not None:
             cands.sort(key=lambda c: prefer(c, bad.config))
         for cfg in cands:
-            if not legal_at(ctx.spec, call, cfg, sizes_for(call.stage, ctx)):
+            # {} is the family default for each shape the call meets: legal everywhere by construction.
+            if cfg and not legal_at(ctx.spec, call, cfg, sizes_for(call.stage, ctx)):
                 continue
             p = probe(ctx.spec, call, rows, context, config=cfg, seed=ctx.settings.seed, tile=False)
             if p.ok and accept(p):
                 set_config(plan, call, cfg)
-                diff = {k: v for k, v in cfg.items() if bad.config.get(k) != v}
+                diff = {k: v for k, v in cfg.items() if bad.config.get(k) != v} if cfg else "family default"
                 changes.append(f"{call.label()}: config {diff} (probe Pearson {p.measurements['pearson']:.6f})")
                 break
     return plan, changes

@@ -50,7 +50,9 @@ class FixErrorGrowth(ReconfigureSkill):
 
     @staticmethod
     def prefer(candidate: dict[str, Any], current: dict[str, Any]) -> int:
-        """Full numerics first, then the candidate closest to the current tiling."""
+        """The per-shape family default first, then full numerics closest to the current tiling."""
+        if not candidate:
+            return -1
         return (10 if _reduced(candidate) else 0) + sum(candidate.get(k) != v for k, v in current.items())
 
     def accept(self, p: Probe) -> bool:

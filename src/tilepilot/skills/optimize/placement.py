@@ -13,7 +13,8 @@ from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
 
-# Op kinds this skill moves, in the order tried: KV writes go with attention (the cache lives on the device).
+# Op kinds this skill moves, in the order tried: KV writes go with attention (the cache lives on the device);
+# a CPU group is moved only if every op in it is of the move's kinds.
 _MOVES = (("attention", ("kv_write", "attention")), ("LM head", ("lm_head", "final_norm")))
 
 
@@ -27,8 +28,6 @@ def _to_npu(plan, stage: str, kinds: tuple[str, ...]):
     moved = []
     for g in new.stage(stage).groups():
         if g.where != "cpu" or not all(graph.node(c.op).kind in kinds for c in g.calls):
-            continue
-        if not any(graph.node(c.op).kind == kinds[0] for c in g.calls):
             continue
         g.where = "npu"
         for c in g.calls:
