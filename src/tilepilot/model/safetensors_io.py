@@ -105,7 +105,9 @@ def read_header(path: str | Path) -> SafetensorsHeader:
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointError(f"{path.name} is truncated ({file_size} bytes, shorter than a safetensors header)")
+                raise CheckpointError(
+                    f"{path.name} is truncated ({file_size} bytes, shorter than a safetensors header)"
+                )
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES:
                 raise CheckpointError(f"{path.name} is corrupt: its header claims {n} bytes; re-download or rewrite it")
@@ -200,7 +202,11 @@ def encode_header(tensors: Sequence[PlannedTensor], metadata: Mapping[str, str] 
     for t in tensors:
         if t.dtype not in TORCH_TO_CODE:
             raise ValueError(f"cannot write {t.name} as {t.dtype}; tilepilot writes bf16, fp16 or fp32")
-        entries[t.name] = {"dtype": TORCH_TO_CODE[t.dtype], "shape": list(t.shape), "data_offsets": [pos, pos + t.nbytes]}
+        entries[t.name] = {
+            "dtype": TORCH_TO_CODE[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [pos, pos + t.nbytes],
+        }
         pos += t.nbytes
     raw = json.dumps(entries, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
