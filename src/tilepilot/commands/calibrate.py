@@ -1,0 +1,178 @@
+"""``tilepilot calibrate``: modeled vs published, side by side, per kernel family and end to end.
+
+Every modeled figure is labelled modeled; published ones were measured on XDNA2 by their authors. The
+exit code is 0 when every tolerance holds and 1 otherwise, so CI can run it. ``--fit`` re-runs the
+calibration fit and prints the constants it proposes (freezing them is a reviewed edit of
+``npu/calibration.py``, never a side effect of this command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tilepilot.npu import calibrate_against as ca
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "calibrate",
+        help="compare the modeled NPU with published XDNA2 measurements",
+        description=(
+            "Time our designs of every published kernel measurement and the iron-like / paper-like plans of "
+            "Llama-3.2-1B with the timing model, and compare with what was measured on XDNA2 silicon. "
+            "All tilepilot times are modeled."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON (stable key order)")
+    p.add_argument("--rows", action="store_true", help="also list every kernel row (human output)")
+    p.add_argument(
+        "--table",
+        action="append",
+        choices=[t for t, _ in ca.KERNEL_TABLES],
+        help="only these measurement tables (repeatable; default all)",
+    )
+    p.add_argument("--no-end-to-end", action="store_true", help="skip the Llama-3.2-1B plan figures")
+    p.add_argument(
+        "--cpu",
+        choices=("estimated", "measured"),
+        default="estimated",
+        help="CPU groups of the plans: estimated from bytes (deterministic, default) or measured on this host",
+    )
+    p.add_argument("--fit", action="store_true", help="re-run the fit of the fitted constants and print the result")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.fit:
+        return _fit(args)
+    progress = None if args.json else _status()
+    with progress or _Null():
+        report = ca.run(tables=args.table, end_to_end=not args.no_end_to_end, cpu=args.cpu)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        _print(report, rows=args.rows)
+    return 0 if report.passed else 1
+
+
+def _fit(args: argparse.Namespace) -> int:
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    kernel, e2e = ca.fit_all(progress=None if args.json else say)
+    proposed = ca.fitted_values(e2e.calibration)
+    if args.json:
+        out = {
+            "kernel_stage": {"loss_before": kernel.loss_before, "loss_after": kernel.loss_after},
+            "end_to_end_stage": {"loss_before": e2e.loss_before, "loss_after": e2e.loss_after},
+            "changes": {k: list(v) for k, v in {**kernel.changes, **e2e.changes}.items()},
+            "proposed": proposed,
+        }
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title="Fitted constants proposed by the fit (freeze them in npu/calibration.py)")
+    t.add_column("constant")
+    t.add_column("current", justify="right")
+    t.add_column("fitted", justify="right")
+    for name, (old, new) in {**kernel.changes, **e2e.changes}.items():
+        t.add_row(name, f"{old:.4g}", f"{new:.4g}")
+    console.print(t)
+    console.print(
+        f"per-kernel loss {kernel.loss_before:.4f} -> {kernel.loss_after:.4f}; "
+        f"end-to-end stage {e2e.loss_before:.4f} -> {e2e.loss_after:.4f} "
+        f"({kernel.evaluations + e2e.evaluations} trials)"
+    )
+    return 0
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _status():
+    from rich.console import Console
+
+    return Console(stderr=True).status("building and timing the designs of every published measurement (modeled) ...")
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.3f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _ratio(r: float | None, bad: bool) -> str:
+    if r is None:
+        return "[yellow]not modeled yet[/]"
+    return f"[red]{r:.2f}[/]" if bad else f"{r:.2f}"
+
+
+def _print(report: ca.CalibrationReport, rows: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if report.end_to_end:
+        t = Table(title="Llama-3.2-1B end to end: tilepilot (modeled) vs published (measured on XDNA2)")
+        for col, just in (("figure", "left"), ("modeled", "right"), ("published", "right"), ("ratio", "right")):
+            t.add_column(col, justify=just)
+        t.add_column("")
+        for f in report.end_to_end:
+            bad = f.ratio is not None and f.checked and f.abs_err > ca.END_TO_END_ABS_ERR
+            mark = "" if not f.checked else ("[red]FAIL[/]" if bad or f.ratio is None else "ok")
+            t.add_row(f.label, _fmt_s(f.modeled), _fmt_s(f.published), _ratio(f.ratio, bad), mark or "info")
+        console.print(t)
+    t = Table(title="Per kernel family: modeled vs measured NPU2 latency (AIR kernel registry)")
+    for col in ("table", "family", "rows", "median |err|", "worst ratio", ""):
+        t.add_column(col, justify="left" if col in ("table", "family") else "right")
+    fams = report.families
+    for table, figs in report.kernels.items():
+        s = fams[table]
+        fam = figs[0].family if figs else table
+        if s.status == "not modeled yet":
+            t.add_row(table, fam, str(s.rows), "-", "-", "[yellow]not modeled yet[/]")
+            continue
+        t.add_row(
+            table,
+            fam,
+            f"{s.modeled_rows}/{s.rows}",
+            f"{s.median_abs_err:.0%}",
+            f"{s.worst_ratio:.2f}",
+            "ok" if s.ok else "[red]FAIL[/]",
+        )
+    console.print(t)
+    if rows:
+        d = Table(title="Kernel rows (modeled vs measured)")
+        for col in ("row", "modeled", "measured", "ratio", "note"):
+            d.add_column(col, justify="right" if col in ("modeled", "measured", "ratio") else "left")
+        for figs in report.kernels.values():
+            for f in figs:
+                bad = f.ratio is not None and not (1 / ca.KERNEL_MAX_RATIO <= f.ratio <= ca.KERNEL_MAX_RATIO)
+                d.add_row(f.label, _fmt_s(f.modeled), _fmt_s(f.published), _ratio(f.ratio, bad), f.note)
+        console.print(d)
+    for lim in report.limits:
+        status = "ok" if lim.ok else "[red]FAIL[/]"
+        console.print(
+            f"limit {lim.key}: {lim.description} -> validator {', '.join(lim.codes) or 'accepts it'} [{status}]"
+        )
+    failures = report.failures()
+    if failures:
+        console.print("[red]tolerances not met:[/]")
+        for f in failures:
+            console.print(f"  - {f}")
+    else:
+        console.print(
+            f"all tolerances hold (kernel median <= {ca.KERNEL_MEDIAN_ABS_ERR:.0%}, no row beyond "
+            f"{ca.KERNEL_MAX_RATIO:g}x, end to end within +-{ca.END_TO_END_ABS_ERR:.0%}); times are modeled"
+        )

@@ -1,0 +1,1 @@
+"""Packaged reference data: published XDNA2 measurements (copies of the project reference files, sources inside)."""

@@ -1,0 +1,835 @@
+"""Modeled vs published: the timing model held against what was measured on real XDNA2 silicon.
+
+Two levels, both from ``tilepilot/data`` (copies of ``reference/npu2_kernel_measurements.json`` and
+``reference/published.json``, whose sources they name):
+
+- **Per kernel**: every GEMM, GEMV, RMSNorm, RoPE, SiLU x mul, residual add and FlashAttention row of
+  AIR's kernel registry on NPU2, expressed as our design of the same family with the same shape and,
+  where our validator accepts it, the same tiling (else the closest legal tiling, said in the row's
+  note), timed as one standalone dispatch (``time_dispatch``), against the measured latency. Per
+  family: median absolute relative error and the worst ratio. A family whose module is not in the tree
+  is reported "not modeled yet" with no number.
+- **End to end** (Llama-3.2-1B, through the plan timer ``plan.timing.time_plan``): the iron-like plan
+  against IRON's 2.744 s prefill at 2048 tokens and 370 ms/token decode; the paper-like plan against
+  AIR's 1.27 s and 92 ms/token, its three prefill groups per layer (7.3 / 21.6 / 41.0 ms) and its LM
+  head (13.6 ms).
+
+Tolerances (issue 4): per family median |error| <= 20 % and no row off by more than 2x; every end-to-
+end figure within +-20 %. ``fit`` tunes only the fitted constants of ``npu/calibration.py`` (a
+deterministic coordinate search on a log grid, documented below) and reports what it found; the values
+frozen in ``calibration.py`` name this fit. Every time here is modeled; published times were measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from tilepilot.errors import ConfigError, TilepilotError
+from tilepilot.npu.calibration import CALIBRATION, FITTED, Calibration
+from tilepilot.npu.design import Design, MultiLaunchGroup
+from tilepilot.npu.device import Device, npu2
+from tilepilot.npu.timing import time_group
+
+# --- tolerances (issue 4 "Calibration": median <= 20 % per family, no row off by more than 2x, end to end +-20 %)
+KERNEL_MEDIAN_ABS_ERR = 0.20
+KERNEL_MAX_RATIO = 2.0
+END_TO_END_ABS_ERR = 0.20
+
+# Families of the measurement file, in report order: (key in the JSON, our kernel family).
+KERNEL_TABLES: tuple[tuple[str, str], ...] = (
+    ("gemm", "gemm"),
+    ("gemv", "gemv"),
+    ("rmsnorm", "rmsnorm"),
+    ("rope", "rope"),
+    ("silu_mul", "swiglu"),
+    ("eltwise_add", "eltwise"),
+    ("flash_attention", "attention"),
+)
+E2E_MODEL = "llama-3.2-1b"
+E2E_PROMPT = 2048
+
+
+def load_reference(name: str) -> dict[str, Any]:
+    """One of the packaged reference files: "npu2_kernel_measurements" or "published"."""
+    text = resources.files("tilepilot.data").joinpath(f"{name}.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# figures and reports
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Figure:
+    """One modeled-vs-published comparison. Seconds; ``modeled`` is None when our side is not modeled yet."""
+
+    key: str
+    family: str
+    label: str
+    published: float
+    modeled: float | None
+    note: str = ""
+    checked: bool = True  # False: shown for insight, not held to a tolerance
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.modeled is None else self.modeled / self.published
+
+    @property
+    def abs_err(self) -> float | None:
+        r = self.ratio
+        return None if r is None else abs(r - 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "modeled": self.modeled,
+            "published": self.published,
+            "ratio": self.ratio,
+            "unit": "s",
+            "checked": self.checked,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class FamilySummary:
+    family: str
+    rows: int
+    modeled_rows: int
+    median_abs_err: float | None
+    worst_ratio: float | None  # the ratio farthest from 1 (in log terms)
+    ok: bool
+    status: str  # "modeled" | "not modeled yet" | "partly modeled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "rows": self.rows,
+            "modeled_rows": self.modeled_rows,
+            "median_abs_err": self.median_abs_err,
+            "worst_ratio": self.worst_ratio,
+            "ok": self.ok,
+        }
+
+
+def worst_ratio(ratios: Iterable[float]) -> float | None:
+    rs = list(ratios)
+    return max(rs, key=lambda r: abs(math.log(r))) if rs else None
+
+
+def summarize(family: str, figures: Sequence[Figure]) -> FamilySummary:
+    """Median |modeled/published - 1| and worst ratio over a family's modeled rows, and whether both hold."""
+    ratios = [f.ratio for f in figures if f.ratio is not None]
+    if not ratios:
+        return FamilySummary(family, len(figures), 0, None, None, False, "not modeled yet")
+    med = statistics.median(abs(r - 1.0) for r in ratios)
+    worst = worst_ratio(ratios)
+    ok = med <= KERNEL_MEDIAN_ABS_ERR and all(1 / KERNEL_MAX_RATIO <= r <= KERNEL_MAX_RATIO for r in ratios)
+    status = "modeled" if len(ratios) == len(figures) else "partly modeled"
+    return FamilySummary(family, len(figures), len(ratios), med, worst, ok and status == "modeled", status)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A hardware limit the paper's authors hit, and whether our validator reports it with the expected code."""
+
+    key: str
+    description: str
+    expected_code: str
+    codes: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.expected_code in self.codes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "description": self.description,
+            "expected_code": self.expected_code,
+            "codes": list(self.codes),
+            "ok": self.ok,
+        }
+
+
+@dataclass
+class CalibrationReport:
+    kernels: dict[str, list[Figure]]
+    end_to_end: list[Figure]
+    limits: list[Limit] = field(default_factory=list)
+    calibration: Calibration = CALIBRATION
+
+    @property
+    def families(self) -> dict[str, FamilySummary]:
+        return {fam: summarize(fam, figs) for fam, figs in self.kernels.items()}
+
+    def failures(self) -> list[str]:
+        out = []
+        for fam, s in self.families.items():
+            if s.status != "modeled":
+                out.append(f"kernel family {fam} is {s.status}")
+            elif not s.ok:
+                out.append(
+                    f"kernel family {fam}: median error {s.median_abs_err:.0%} (limit {KERNEL_MEDIAN_ABS_ERR:.0%}), "
+                    f"worst ratio {s.worst_ratio:.2f} (limit {KERNEL_MAX_RATIO:g}x)"
+                )
+        for f in (f for f in self.end_to_end if f.checked):
+            if f.ratio is None:
+                out.append(f"{f.label}: not modeled yet ({f.note})")
+            elif f.abs_err > END_TO_END_ABS_ERR:
+                out.append(f"{f.label}: modeled/published = {f.ratio:.2f} (limit +-{END_TO_END_ABS_ERR:.0%})")
+        for lim in self.limits:
+            if not lim.ok:
+                out.append(
+                    f"limit {lim.key}: validator said {list(lim.codes) or 'nothing'}, expected {lim.expected_code}"
+                )
+        return out
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form with a stable key order (families and figures in the reference files' order)."""
+        fams = self.families
+        return {
+            "clock": "modeled",
+            "published_clock": "measured",
+            "passed": self.passed,
+            "tolerances": {
+                "kernel_median_abs_err": KERNEL_MEDIAN_ABS_ERR,
+                "kernel_max_ratio": KERNEL_MAX_RATIO,
+                "end_to_end_abs_err": END_TO_END_ABS_ERR,
+            },
+            "end_to_end": [f.to_dict() for f in self.end_to_end],
+            "kernels": {
+                fam: {**fams[fam].to_dict(), "figures": [f.to_dict() for f in figs]}
+                for fam, figs in self.kernels.items()
+            },
+            "limits": [lim.to_dict() for lim in self.limits],
+            "fitted_constants": fitted_values(self.calibration),
+            "failures": self.failures(),
+        }
+
+
+def fitted_values(cal: Calibration) -> dict[str, Any]:
+    d = cal.to_dict()
+    return {name: d[name] for name in FITTED}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# per-kernel rows as our designs
+# ----------------------------------------------------------------------------------------------------------------------
+@dataclass
+class KernelRow:
+    """A measurement row turned into something we can time: a design (or group) or the reason we cannot."""
+
+    key: str
+    family: str
+    label: str
+    published: float
+    build: Callable[[], Design | MultiLaunchGroup] | None
+    note: str = ""
+    obj: Design | MultiLaunchGroup | None = None
+
+    def design(self) -> Design | MultiLaunchGroup | None:
+        if self.obj is None and self.build is not None:
+            self.obj = self.build()
+        return self.obj
+
+
+def _family(name: str):
+    from tilepilot.kernels.registry import FAMILIES
+
+    return FAMILIES.get(name)
+
+
+def _legal(obj: Design | MultiLaunchGroup) -> bool:
+    from tilepilot.npu.validate import validate, validate_group
+
+    return not (validate_group(obj) if isinstance(obj, MultiLaunchGroup) else validate(obj))
+
+
+def closest_legal(
+    mod: Any,
+    shape: Any,
+    wanted: Any,
+    device: Device,
+    keep: Sequence[str] = (),
+    first: Sequence[Any] = (),
+) -> tuple[Any, str]:
+    """``wanted`` if its design is legal here; else the first legal config of ``first`` (hand-picked near
+    equivalents); else the legal candidate nearest to it (log2 distance over numeric fields, ``keep`` fields
+    equal). Returns (config, note naming what changed)."""
+    from tilepilot.npu.validate import DesignError
+
+    def legal(cfg: Any) -> bool:
+        try:
+            return _legal(mod.make_design(shape, cfg, device))
+        except DesignError:
+            return False
+
+    if legal(wanted):
+        return wanted, ""
+    w = dataclasses.asdict(wanted)
+
+    def distance(cfg: Any) -> float:
+        c = dataclasses.asdict(cfg)
+        d = 0.0
+        for k, v in w.items():
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                d += 0.0 if c[k] == v else 5.0
+            elif v > 0 and c[k] > 0:
+                d += abs(math.log2(c[k] / v))
+        return d
+
+    ranked = list(first) + sorted(mod.candidate_configs(shape, device), key=distance)[:40]
+    for cfg in ranked:
+        if all(getattr(cfg, k) == getattr(wanted, k) for k in keep) and legal(cfg):
+            changed = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items() if w.get(k) != v)
+            return cfg, f"closest legal config ({changed}): as published it breaks a rule of our validator"
+    raise TilepilotError(f"No legal {mod.FAMILY} config near {wanted} for {shape}; the row cannot be modeled.")
+
+
+def _dims(text: str) -> tuple[int, int]:
+    a, b = text.replace("\u00d7", "x").split("x")
+    return int(a), int(b)
+
+
+def _gemm_rows(rows: list[dict], device: Device) -> list[KernelRow]:
+    out = []
+    for r in rows:
+        m, k, n, method, out_dtype = r["M"], r["K"], r["N"], r["method"], r["out_dtype"]
+        key = f"gemm/{m}x{k}x{n}/{method}/{out_dtype}"
+        label = f"GEMM {m}x{k}x{n} {method} ({out_dtype} out)"
+        published = 2.0 * m * n * k / (r["gflops"] * 1e9)
+
+        def build(r=r, m=m, n=n, k=k, method=method, out_dtype=out_dtype) -> Design | MultiLaunchGroup:
+            gemm = _family("gemm")
+            t = r["tile"]
+            cols, rows_ = r["herd"]
+            acc = "bf16" if method == "direct" else "fp32"
+            wanted = gemm.Config(rows_, cols, t["tile_m"], t["tile_k_l1"], t["tile_n"], "vector", acc)
+            shape = gemm.Shape(m, n, k)
+            # AIR's f32-output kernels accumulate in their f32 C buffer; ours keeps a separate fp32 accumulator,
+            # which may not fit L1 at AIR's tiling: then time the same tiling with the in-buffer (bf16) accumulator
+            other = dataclasses.replace(wanted, acc="bf16" if acc == "fp32" else "fp32")
+            cfg, note = closest_legal(gemm, shape, wanted, device, keep=("rows", "cols", "variant"), first=[other])
+            design = gemm.make_design(shape, cfg, device)
+            design.meta["calibration_note"] = note
+            if method != "fused-cast":
+                return design
+            # the f32 GEMM's cast launch: an eltwise design over M*N elements moves the same DDR bytes
+            # (4 B in + 2 B out per element) as the fp32 -> bf16 cast
+            eltwise = _family("eltwise")
+            cast = eltwise.make_design(
+                eltwise.Shape(m * n, "add"), eltwise.default_config(eltwise.Shape(m * n)), device
+            )
+            cast.name = f"{design.name}_cast"
+            return MultiLaunchGroup(f"{design.name}+cast", [design, cast])
+
+        notes = []
+        if method == "fused-cast":
+            notes.append("cast launch modeled as an eltwise design with the cast's DDR traffic, same dispatch")
+        if out_dtype == "f32":
+            notes.append("f32 output modeled with a bf16-output design")
+        notes.append(f"L2 K tile {r['tile']['tile_k_l2']} not modeled")
+        ok = _family("gemm") is not None and (method != "fused-cast" or _family("eltwise") is not None)
+        out.append(KernelRow(key, "gemm", label, published, build if ok else None, "; ".join(notes)))
+    return out
+
+
+def _gemv_rows(rows: list[dict], device: Device) -> list[KernelRow]:
+    out = []
+    for r in rows:
+        n, k = _dims(r["shape_MxK"])
+
+        def build(n=n, k=k, tile=r["tile"]) -> Design:
+            gemv = _family("gemv")
+            shape = gemv.Shape(n, k)
+            return gemv.make_design(shape, gemv.from_air_tile(shape, tile, device), device)
+
+        out.append(
+            KernelRow(
+                f"gemv/{n}x{k}/{r['tile'].replace('/', '-')}",
+                "gemv",
+                f"GEMV {n}x{k} tile {r['tile']}",
+                r["latency_us"] * 1e-6,
+                build if _family("gemv") else None,
+                r.get("used_by", ""),
+            )
+        )
+    return out
+
+
+def _rmsnorm_rows(rows: list[dict], device: Device) -> list[KernelRow]:
+    out = []
+    for r in rows:
+        m, w = _dims(r["shape_MxN"])
+        tiles = int(r["herd_x"])
+
+        def build(m=m, w=w, tiles=tiles) -> Design:
+            mod = _family("rmsnorm")
+            shape = mod.Shape(m, w)
+            cfg, note = closest_legal(
+                mod, shape, dataclasses.replace(mod.default_config(shape, device), tiles=tiles), device
+            )
+            return mod.make_design(shape, cfg, device)
+
+        out.append(
+            KernelRow(
+                f"rmsnorm/{m}x{w}",
+                "rmsnorm",
+                f"RMSNorm {m}x{w} on {tiles} tiles",
+                r["latency_us"] * 1e-6,
+                build if _family("rmsnorm") else None,
+                r.get("used_by", ""),
+            )
+        )
+    return out
+
+
+def _rope_rows(rows: list[dict], device: Device) -> list[KernelRow]:
+    out = []
+    for r in rows:
+        n, d = int(r["rows"]), int(r["head_dim"])
+        tiles = int(str(r["config"]).split("/")[0])
+
+        def build(n=n, d=d, tiles=tiles) -> Design:
+            mod = _family("rope")
+            # AIR's kernel streams one cos/sin row per work row (its GB/s counts them), i.e. rows x 1 head here
+            shape = mod.Shape(n, 1, d)
+            cfg, _ = closest_legal(
+                mod, shape, dataclasses.replace(mod.default_config(shape, device), tiles=tiles), device
+            )
+            return mod.make_design(shape, cfg, device)
+
+        out.append(
+            KernelRow(
+                f"rope/{n}x{d}",
+                "rope",
+                f"RoPE {n} rows x {d}",
+                r["latency_us"] * 1e-6,
+                build if _family("rope") else None,
+                r.get("used_by", "") + "; a cos/sin row streamed per work row, as AIR's kernel does",
+            )
+        )
+    return out
+
+
+def _flat_rows(table: str, family: str, rows: list[dict], device: Device) -> list[KernelRow]:
+    """SiLU x mul and residual add: flat element streams, config "tiles/herd_y/chunk"."""
+    out = []
+    for r in rows:
+        n = int(r["N"])
+        tiles, _herd_y, chunk = (int(v) for v in str(r["config"]).split("/"))
+        as_2d = r.get("as_2d", "")
+
+        def build(n=n, tiles=tiles, chunk=chunk, as_2d=as_2d) -> Design:
+            mod = _family(family)
+            if family == "swiglu":
+                rows_, width = _dims(as_2d) if "x" in as_2d.replace("\u00d7", "x") else (n // 1024, 1024)
+                shape = mod.Shape(rows_, width)
+            else:
+                shape = mod.Shape(n, "add")
+            wanted = dataclasses.replace(mod.default_config(shape, device), tiles=tiles, chunk=chunk)
+            cfg, _ = closest_legal(mod, shape, wanted, device)
+            return mod.make_design(shape, cfg, device)
+
+        label = "SiLU x mul" if family == "swiglu" else "residual add"
+        out.append(
+            KernelRow(
+                f"{table}/{n}",
+                family,
+                f"{label} N={n} ({as_2d})",
+                r["latency_us"] * 1e-6,
+                build if _family(family) else None,
+                str(r.get("status", "")).replace("\u2705", "").strip(),
+            )
+        )
+    return out
+
+
+def _attention_rows(rows: list[dict], device: Device) -> list[KernelRow]:
+    out = []
+    for r in rows:
+        lq, lk = _dims(r["lq_x_lk"])
+        d = int(r["dk_dv"].split("/")[0])
+        hq, hkv = (int(v) for v in r["heads_q_kv"].split("/"))
+        lat = [float(v) for v in r["latency_ms"].replace("ms", "").replace("\u2013", "-").split("-")]
+        published = statistics.mean(lat) * 1e-3
+
+        def build(lq=lq, lk=lk, d=d, hq=hq, hkv=hkv) -> Design:
+            mod = _family("attention")
+            shape = mod.Shape(lq, lk, hq, hkv, d)
+            # AIR: tile_q = lkp = 64, 8 columns, 4 cascade stages (one per compute row)
+            wanted = dataclasses.replace(
+                mod.default_config(shape, device), cols=8, heads_per_col=4, tile_q=64, tile_k=64
+            )
+            cfg, _ = closest_legal(mod, shape, wanted, device)
+            return mod.make_design(shape, cfg, device)
+
+        note = "published as a range, midpoint used" if len(lat) > 1 else ""
+        out.append(
+            KernelRow(
+                f"flash_attention/{lq}x{lk}/d{d}/{hq}-{hkv}",
+                "attention",
+                f"FlashAttention {lq}x{lk} d={d} {hq}q/{hkv}kv causal",
+                published,
+                build if _family("attention") else None,
+                note,
+            )
+        )
+    return out
+
+
+def kernel_rows(device: Device | None = None, tables: Sequence[str] | None = None) -> dict[str, list[KernelRow]]:
+    """Every comparable measurement row, grouped by measurement table, designs built lazily."""
+    device = device or npu2()
+    data = load_reference("npu2_kernel_measurements")
+    builders = {
+        "gemm": lambda rows: _gemm_rows(rows, device),
+        "gemv": lambda rows: _gemv_rows(rows, device),
+        "rmsnorm": lambda rows: _rmsnorm_rows(rows, device),
+        "rope": lambda rows: _rope_rows(rows, device),
+        "silu_mul": lambda rows: _flat_rows("silu_mul", "swiglu", rows, device),
+        "eltwise_add": lambda rows: _flat_rows("eltwise_add", "eltwise", rows, device),
+        "flash_attention": lambda rows: _attention_rows(rows, device),
+    }
+    wanted = [t for t, _ in KERNEL_TABLES if tables is None or t in tables]
+    return {t: builders[t](data[t]) for t in wanted}
+
+
+def time_row(row: KernelRow, cal: Calibration = CALIBRATION) -> Figure:
+    obj = row.design() if row.build is not None else None
+    if obj is None:
+        return Figure(row.key, row.family, row.label, row.published, None, f"not modeled yet: no {row.family} family")
+    note = row.note
+    extra = (
+        obj.meta.get("calibration_note", "")
+        if isinstance(obj, Design)
+        else obj.designs[0].meta.get("calibration_note", "")
+    )
+    if extra:
+        note = f"{extra}; {note}" if note else extra
+    return Figure(row.key, row.family, row.label, row.published, time_group(obj, cal).seconds, note)
+
+
+def kernel_figures(rows: dict[str, list[KernelRow]], cal: Calibration = CALIBRATION) -> dict[str, list[Figure]]:
+    return {table: [time_row(r, cal) for r in rs] for table, rs in rows.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# end to end
+# ----------------------------------------------------------------------------------------------------------------------
+def end_to_end_figures(cal: Calibration = CALIBRATION, cpu: str = "estimated") -> list[Figure]:
+    """Llama-3.2-1B through the iron-like and paper-like plans at 2048 tokens, against published.json."""
+    pub = load_reference("published")[E2E_MODEL]
+    iron, paper = pub["iron_baseline"], pub["paper_air"]
+    expected = [
+        ("iron/prefill", "iron-like prefill @2048 (TTFT)", iron["prefill_s_at_2048"]),
+        ("iron/decode", "iron-like decode per token", iron["decode_ms_per_token"] * 1e-3),
+        ("paper/prefill", "paper-like prefill @2048 (TTFT)", paper["prefill_s_at_2048"]),
+        ("paper/decode", "paper-like decode per token", paper["decode_ms_per_token"] * 1e-3),
+    ]
+    expected += [
+        (f"paper/prefill/{g}", f"paper-like prefill {g} per layer", ms * 1e-3)
+        for g, ms in paper["prefill_ms_per_layer"].items()
+    ]
+    expected.append(("paper/prefill/lm_head", "paper-like prefill LM head", paper["prefill_lm_head_ms"] * 1e-3))
+    n_checked = len(expected)
+    # shown for insight (the issue holds only the figures above to +-20 %)
+    expected += [
+        (f"paper/decode/{g}", f"paper-like decode {g} per layer", ms * 1e-3)
+        for g, ms in paper["decode_ms_per_layer"].items()
+    ]
+    expected.append(("paper/decode/lm_head", "paper-like decode LM head", paper["decode_lm_head_ms"] * 1e-3))
+    try:
+        from tilepilot.model.zoo import get_zoo_model
+        from tilepilot.plan.builtin import iron_like_plan, paper_like_plan
+        from tilepilot.plan.timing import time_plan
+    except ImportError as e:
+        return [
+            Figure(k, "end_to_end", label, p, None, f"not modeled yet: {e}", i < n_checked)
+            for i, (k, label, p) in enumerate(expected)
+        ]
+    spec = get_zoo_model(E2E_MODEL).spec()
+    iron_t = time_plan(iron_like_plan(spec), spec, E2E_PROMPT, cal=cal, cpu=cpu)
+    paper_t = time_plan(paper_like_plan(spec), spec, E2E_PROMPT, cal=cal, cpu=cpu)
+    modeled: dict[str, float | None] = {
+        "iron/prefill": iron_t.ttft_s,
+        "iron/decode": iron_t.decode_s_per_token,
+        "paper/prefill": paper_t.ttft_s,
+        "paper/decode": paper_t.decode_s_per_token,
+    }
+    for key, _, _ in expected[4:]:
+        _, stage, name = key.split("/")
+        try:
+            modeled[key] = paper_t.group(stage, name).per_call_s
+        except (KeyError, ValueError, TilepilotError):
+            modeled[key] = None
+    cpu_note = "CPU groups measured on this host" if cpu == "measured" else "CPU groups estimated from bytes"
+    return [
+        Figure(
+            k,
+            "end_to_end",
+            label,
+            p,
+            modeled[k],
+            cpu_note if modeled[k] is not None else "group not in the plan",
+            i < n_checked,
+        )
+        for i, (k, label, p) in enumerate(expected)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# limits the authors hit
+# ----------------------------------------------------------------------------------------------------------------------
+def limit_checks(device: Device | None = None) -> list[Limit]:
+    """The published hardware limits, each built as our design and run through the validator."""
+    from tilepilot.npu.validate import DesignError, validate
+
+    device = device or npu2()
+    out: list[Limit] = []
+
+    def codes(build: Callable[[], Design]) -> tuple[str, ...]:
+        try:
+            return tuple(sorted({v.code for v in validate(build())}))
+        except DesignError as e:
+            return tuple(e.codes)
+
+    eltwise, swiglu = _family("eltwise"), _family("swiglu")
+    if eltwise is not None:
+        n = 8192 * 16 * 4
+        out.append(
+            Limit(
+                "shim_channels_16_tiles",
+                "residual add on 16 tiles (herd_y 2 on 8 columns), 3 DDR streams each: the shims run out of channels",
+                "DMA_CHANNELS",
+                codes(lambda: eltwise.make_design(eltwise.Shape(n), eltwise.Config(tiles=16, chunk=2048), device)),
+            )
+        )
+    if swiglu is not None:
+        out.append(
+            Limit(
+                "l1_chunk_8192",
+                "SiLU x mul with 8192-element chunks: 3 buffers x ping-pong x 2 B = 96 KiB > 64 KiB of L1",
+                "L1_OVERFLOW",
+                codes(lambda: swiglu.make_design(swiglu.Shape(2048, 8192), swiglu.Config(tiles=8, chunk=8192), device)),
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the report, and the fit
+# ----------------------------------------------------------------------------------------------------------------------
+def run(
+    cal: Calibration = CALIBRATION,
+    *,
+    device: Device | None = None,
+    tables: Sequence[str] | None = None,
+    end_to_end: bool = True,
+    cpu: str = "estimated",
+    rows: dict[str, list[KernelRow]] | None = None,
+) -> CalibrationReport:
+    """Build every comparison (kernel rows, end-to-end figures, limits) under ``cal``."""
+    rows = rows if rows is not None else kernel_rows(device, tables)
+    figs = kernel_figures(rows, cal)
+    kernels = {table: figs[table] for table in figs}
+    e2e = end_to_end_figures(cal, cpu) if end_to_end else []
+    return CalibrationReport(kernels, e2e, limit_checks(device), cal)
+
+
+# Fitted constants the per-kernel rows determine. The host-side constants (host copy speed, sync cost, CPU
+# estimate, launch-in-group cost) are only visible end to end and keep their hand-fitted values (calibration.py
+# names their sources).
+KERNEL_FIT_PARAMS: tuple[str, ...] = (
+    "dispatch_overhead_s",
+    "tile_config_s",
+    "ddr_bytes_per_s",
+    "shim_channel_bytes_per_s",
+)
+# Second stage, end to end: constants only the plans see (launches inside a dispatch, host syncs, CPU estimate),
+# plus the attention efficiency, which the kernel rows (15.4-16.1 ms standalone) and the deployment's flash_attn
+# group (21.6 ms per layer) pull apart; the joint objective settles it between them.
+E2E_FIT_PARAMS: tuple[str, ...] = (
+    "launch_in_group_s",
+    "shim_channel_bytes_per_s",
+    "host_cpu_bytes_per_s",
+    "host_copy_bytes_per_s",
+    "host_sync_fixed_s",
+    "eff:attention",
+)
+# The grid one coordinate step walks: the current value times 2**(i/4), i = -10..10 (0.18x .. 5.7x), wide enough to
+# cross the plateau where a constant does not bind yet (e.g. an efficiency above the point where compute matters).
+FIT_FACTORS: tuple[float, ...] = tuple(2 ** (i / 4) for i in range(-10, 11) if i != 0)
+# Efficiencies are searched on an absolute grid instead, 1 down to 2**-10 (~0.001) in quarter octaves: a family's
+# kernel may sustain a tiny fraction of the MMUL peak (a matrix-vector product cannot fill a 4x8x8 MMUL), and a
+# relative step from 0.5 would never get there.
+EFFICIENCY_GRID: tuple[float, ...] = tuple(2 ** (-i / 4) for i in range(0, 41))
+
+
+@dataclass(frozen=True)
+class FitResult:
+    calibration: Calibration
+    loss_before: float
+    loss_after: float
+    changes: dict[str, tuple[Any, Any]]
+    evaluations: int
+
+
+def table_loss(figs: Sequence[Figure]) -> float:
+    """Mean squared log ratio of a table's modeled rows, plus a steep penalty beyond the 2x band."""
+    logs = [math.log(f.ratio) for f in figs if f.ratio is not None]
+    if not logs:
+        return 0.0
+    band = math.log(KERNEL_MAX_RATIO)
+    return sum(x * x + (10.0 * (abs(x) - band) ** 2 if abs(x) > band else 0.0) for x in logs) / len(logs)
+
+
+def loss(figures: dict[str, list[Figure]]) -> float:
+    """Mean of the tables' losses: every family weighs the same (64 GEMM rows do not drown 2 attention rows)."""
+    losses = [table_loss(figs) for figs in figures.values() if any(f.ratio is not None for f in figs)]
+    return sum(losses) / max(len(losses), 1)
+
+
+def _with(cal: Calibration, name: str, value: float) -> Calibration:
+    if name.startswith("eff:"):
+        return cal.with_efficiency(name[4:], min(1.0, value))
+    return cal.tuned(**{name: value})
+
+
+def _value(cal: Calibration, name: str) -> float:
+    return cal.efficiency(name[4:]) if name.startswith("eff:") else getattr(cal, name)
+
+
+def _grid(cal: Calibration, name: str) -> list[float]:
+    if name.startswith("eff:"):
+        return list(EFFICIENCY_GRID)
+    base = _value(cal, name)
+    return [base * f for f in FIT_FACTORS]
+
+
+def _families_in(obj: Design | MultiLaunchGroup | None) -> set[str]:
+    designs = obj.designs if isinstance(obj, MultiLaunchGroup) else [obj] if obj is not None else []
+    return {str(d.meta.get("family")) for d in designs}
+
+
+def fit(
+    rows: dict[str, list[KernelRow]] | None = None,
+    cal: Calibration = CALIBRATION,
+    *,
+    rounds: int = 4,
+    params: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
+    """Coordinate search over the fitted constants against the per-kernel rows (deterministic, reproducible).
+
+    Parameters: ``KERNEL_FIT_PARAMS`` plus the efficiency of every family with rows ("eff:<family>"). Each round
+    takes the parameters in that order and moves each to the best of its current value times ``FIT_FACTORS``
+    (efficiencies capped at 1) by ``loss``; the search stops after ``rounds`` or when a round changes nothing.
+    Designs are built once; an efficiency trial re-times only the tables whose designs use that family.
+    """
+    rows = rows if rows is not None else kernel_rows()
+    uses = {t: set().union(*(_families_in(r.design()) for r in rs)) if rs else set() for t, rs in rows.items()}
+    families = sorted(set().union(*uses.values()) - {"None"})
+    names = list(params) if params is not None else list(KERNEL_FIT_PARAMS) + [f"eff:{f}" for f in families]
+    evals = 0
+    table_losses = {t: table_loss([time_row(r, cal) for r in rs]) for t, rs in rows.items()}
+
+    def total(tl: dict[str, float]) -> float:
+        vals = [v for t, v in tl.items() if any(r.build is not None for r in rows[t])]
+        return sum(vals) / max(len(vals), 1)
+
+    def trial_losses(c: Calibration, name: str) -> dict[str, float]:
+        nonlocal evals
+        evals += 1
+        touched = [t for t in rows if not name.startswith("eff:") or name[4:] in uses[t]]
+        return {**table_losses, **{t: table_loss([time_row(r, c) for r in rows[t]]) for t in touched}}
+
+    start, best = cal, cal
+    first = best_loss = total(table_losses)
+    for rnd in range(rounds):
+        changed = False
+        for name in names:
+            for value in _grid(best, name):
+                try:
+                    trial = _with(best, name, value)
+                except ConfigError:  # beyond a physical ceiling (e.g. DDR above its theoretical bandwidth)
+                    continue
+                tl = trial_losses(trial, name)
+                if total(tl) < best_loss - 1e-9:
+                    best, best_loss, table_losses, changed = trial, total(tl), tl, True
+            if progress:
+                progress(f"round {rnd + 1}: {name} = {_value(best, name):.4g} (loss {best_loss:.4f})")
+        if not changed:
+            break
+    changes = {n: (_value(start, n), _value(best, n)) for n in names if _value(start, n) != _value(best, n)}
+    return FitResult(best, first, best_loss, changes, evals)
+
+
+def e2e_loss(figures: Sequence[Figure]) -> float:
+    """Mean squared log ratio over the end-to-end figures (unchecked, insight-only ones at half weight)."""
+    terms = [(1.0 if f.checked else 0.5) * math.log(f.ratio) ** 2 for f in figures if f.ratio is not None]
+    return sum(terms) / max(len(terms), 1)
+
+
+def fit_end_to_end(
+    rows: dict[str, list[KernelRow]] | None = None,
+    cal: Calibration = CALIBRATION,
+    *,
+    rounds: int = 2,
+    params: Sequence[str] = E2E_FIT_PARAMS,
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
+    """Second stage: coordinate search over ``E2E_FIT_PARAMS`` against end-to-end + per-kernel loss (same grid).
+
+    The plans are timed analytically with CPU groups estimated (deterministic). Slow (each trial times both
+    Llama-3.2-1B plans, ~1 s): a command, never a test.
+    """
+    rows = rows if rows is not None else kernel_rows()
+    evals = 0
+
+    def score(c: Calibration) -> float:
+        nonlocal evals
+        evals += 1
+        return e2e_loss(end_to_end_figures(c)) + loss(kernel_figures(rows, c))
+
+    start = best = cal
+    first = best_loss = score(cal)
+    for rnd in range(rounds):
+        changed = False
+        for name in params:
+            for value in _grid(best, name):
+                try:
+                    trial = _with(best, name, value)
+                except ConfigError:
+                    continue
+                sc = score(trial)
+                if sc < best_loss - 1e-9:
+                    best, best_loss, changed = trial, sc, True
+            if progress:
+                progress(f"e2e round {rnd + 1}: {name} = {_value(best, name):.4g} (loss {best_loss:.4f})")
+        if not changed:
+            break
+    changes = {n: (_value(start, n), _value(best, n)) for n in params if _value(start, n) != _value(best, n)}
+    return FitResult(best, first, best_loss, changes, evals)
+
+
+def fit_all(progress: Callable[[str], None] | None = None) -> tuple[FitResult, FitResult]:
+    """Both stages from the current constants: per-kernel rows first, then end to end. Reproducible: the same
+    reference files and starting constants give the same result."""
+    rows = kernel_rows()
+    first = fit(rows, CALIBRATION, progress=progress)
+    second = fit_end_to_end(rows, first.calibration, progress=progress)
+    return first, second

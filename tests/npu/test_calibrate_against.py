@@ -1,0 +1,149 @@
+"""Calibration against published XDNA2 figures: the report's JSON shape, the tolerance logic, the authors' limits,
+the row-to-design mapping and the fit (on small problems; the full comparison is the `tilepilot calibrate` command)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tilepilot.cli import main
+from tilepilot.npu import calibrate_against as ca
+from tilepilot.npu.calibration import CALIBRATION
+from tilepilot.npu.design import MultiLaunchGroup
+from tilepilot.npu.validate import validate, validate_group
+
+FIGURE_KEYS = ["key", "label", "modeled", "published", "ratio", "unit", "checked", "note"]
+
+
+def _fig(ratio: float | None, family: str = "gemv", checked: bool = True, key: str = "k") -> ca.Figure:
+    return ca.Figure(key, family, key, 1e-3, None if ratio is None else ratio * 1e-3, "", checked)
+
+
+def test_report_json_has_the_documented_shape_and_a_stable_order():
+    report = ca.run(tables=["eltwise_add"], end_to_end=False)
+    d = report.to_dict()
+    assert list(d) == [
+        "clock",
+        "published_clock",
+        "passed",
+        "tolerances",
+        "end_to_end",
+        "kernels",
+        "limits",
+        "fitted_constants",
+        "failures",
+    ]
+    assert d["clock"] == "modeled" and d["published_clock"] == "measured"
+    fam = d["kernels"]["eltwise_add"]
+    assert list(fam) == ["status", "rows", "modeled_rows", "median_abs_err", "worst_ratio", "ok", "figures"]
+    assert fam["rows"] == 8 and fam["status"] == "modeled"
+    for f in fam["figures"]:
+        assert list(f) == FIGURE_KEYS
+        assert f["ratio"] == pytest.approx(f["modeled"] / f["published"])
+    again = ca.run(tables=["eltwise_add"], end_to_end=False).to_dict()
+    assert json.dumps(d) == json.dumps(again)
+    assert set(d["fitted_constants"]) >= {"dispatch_overhead_s", "ddr_bytes_per_s", "efficiency_table"}
+
+
+def test_family_tolerance_needs_the_median_and_every_row_within_2x():
+    good = ca.summarize("gemv", [_fig(r) for r in (0.9, 1.1, 1.05, 0.95, 1.3)])
+    assert good.ok and good.median_abs_err == pytest.approx(0.1) and good.worst_ratio == pytest.approx(1.3)
+    one_outlier = ca.summarize("gemv", [_fig(r) for r in (1.0, 1.0, 1.0, 1.0, 2.1)])
+    assert one_outlier.median_abs_err == 0.0 and not one_outlier.ok and one_outlier.worst_ratio == pytest.approx(2.1)
+    low = ca.summarize("gemv", [_fig(r) for r in (1.0, 0.49)])
+    assert not low.ok and low.worst_ratio == pytest.approx(0.49)
+    median_bad = ca.summarize("gemv", [_fig(r) for r in (1.25, 1.3, 0.7)])
+    assert not median_bad.ok
+    missing = ca.summarize("rope", [_fig(None, "rope"), _fig(None, "rope")])
+    assert missing.status == "not modeled yet" and missing.median_abs_err is None and not missing.ok
+    partly = ca.summarize("rope", [_fig(1.0, "rope"), _fig(None, "rope")])
+    assert partly.status == "partly modeled" and not partly.ok
+
+
+def test_end_to_end_tolerance_is_plus_minus_20_percent_on_checked_figures_only():
+    base = {"gemv": [_fig(1.0)]}
+    ok = ca.CalibrationReport(
+        base, [_fig(1.19, "end_to_end"), _fig(0.81, "end_to_end"), _fig(3.0, "end_to_end", False)]
+    )
+    assert ok.passed, ok.failures()
+    bad = ca.CalibrationReport(base, [_fig(1.21, "end_to_end", key="paper/decode")])
+    assert not bad.passed and "paper/decode" in bad.failures()[0]
+    absent = ca.CalibrationReport(base, [_fig(None, "end_to_end")])
+    assert not absent.passed and "not modeled yet" in absent.failures()[0]
+    not_modeled_family = ca.CalibrationReport({"rope": [_fig(None, "rope")]}, [])
+    assert "not modeled yet" in not_modeled_family.failures()[0]
+
+
+def test_the_authors_hardware_limits_are_validator_errors():
+    limits = {lim.key: lim for lim in ca.limit_checks()}
+    assert limits["shim_channels_16_tiles"].expected_code == "DMA_CHANNELS" and limits["shim_channels_16_tiles"].ok
+    assert limits["l1_chunk_8192"].expected_code == "L1_OVERFLOW" and limits["l1_chunk_8192"].ok
+
+
+def test_every_gemv_row_and_the_first_row_of_each_table_become_legal_designs():
+    rows = ca.kernel_rows()
+    assert {t: len(rs) for t, rs in rows.items()} == {
+        "gemm": 64,
+        "gemv": 30,
+        "rmsnorm": 7,
+        "rope": 12,
+        "silu_mul": 10,
+        "eltwise_add": 8,
+        "flash_attention": 2,
+    }
+    sample = rows["gemv"] + [rs[0] for t, rs in rows.items() if t != "gemv"]
+    for row in sample:
+        obj = row.design()
+        assert obj is not None, row.key
+        problems = validate_group(obj) if isinstance(obj, MultiLaunchGroup) else validate(obj)
+        assert problems == [], (row.key, problems)
+        fig = ca.time_row(row)
+        assert fig.modeled is not None and fig.modeled > 0 and fig.published > 0
+
+
+def test_fit_recovers_a_constant_that_was_moved_away():
+    rows = ca.kernel_rows(tables=["eltwise_add"])
+    wrong = dataclasses.replace(CALIBRATION, ddr_bytes_per_s=CALIBRATION.ddr_bytes_per_s / 2.5)
+    before = ca.summarize("eltwise", ca.kernel_figures(rows, wrong)["eltwise_add"])
+    result = ca.fit(rows, wrong, params=["ddr_bytes_per_s"], rounds=2)
+    after = ca.summarize("eltwise", ca.kernel_figures(rows, result.calibration)["eltwise_add"])
+    assert result.loss_after < result.loss_before / 4
+    assert after.median_abs_err < before.median_abs_err / 2
+    assert "ddr_bytes_per_s" in result.changes
+    # reproducible: the same start gives the same answer
+    assert ca.fit(rows, wrong, params=["ddr_bytes_per_s"], rounds=2).calibration == result.calibration
+
+
+def test_end_to_end_figures_cover_the_published_llama_numbers():
+    figs = ca.end_to_end_figures()
+    keys = [f.key for f in figs if f.checked]
+    assert keys == [
+        "iron/prefill",
+        "iron/decode",
+        "paper/prefill",
+        "paper/decode",
+        "paper/prefill/rms_gemms_rope",
+        "paper/prefill/flash_attn",
+        "paper/prefill/o_ffn",
+        "paper/prefill/lm_head",
+    ]
+    published = {f.key: f.published for f in figs}
+    assert published["iron/prefill"] == 2.744 and published["paper/decode"] == pytest.approx(0.092)
+    assert all(f.modeled is not None and f.modeled > 0 for f in figs)
+
+
+def test_calibrate_command_json_and_exit_code(capsys, monkeypatch):
+    code = main(["calibrate", "--json", "--table", "eltwise_add", "--no-end-to-end"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == (0 if out["passed"] else 1)
+    assert list(out["kernels"]) == ["eltwise_add"]
+
+    failing = ca.CalibrationReport({"gemv": [_fig(3.0)]}, [])
+    monkeypatch.setattr(ca, "run", lambda **kw: failing)
+    assert main(["calibrate", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["failures"]
+    assert main(["calibrate", "--rows"]) == 1
+    human = capsys.readouterr().out
+    assert "modeled" in human and "FAIL" in human
