@@ -1,0 +1,73 @@
+"""`tilepilot generate` and `tilepilot bench` end to end on a reduced zoo checkpoint (1 layer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tilepilot.cli import main
+from tilepilot.model.zoo import write_zoo_model
+from tilepilot.workspace import make_workspace
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_zoo_model("qwen3-0.6b", tmp_path_factory.mktemp("zoo") / "qwen3-0.6b-l1", layers=1)
+
+
+@pytest.fixture(scope="module")
+def workspace(model_dir, tmp_path_factory):
+    return make_workspace(model_dir, "paper-like", tmp_path_factory.mktemp("ws") / "ws").path
+
+
+def test_generate_streams_text_and_ends_with_labelled_figures(workspace, capsys):
+    rc = main(["generate", str(workspace), "--prompt", "The quick brown fox", "--max-new-tokens", "6"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    last = out[-1]
+    assert last.startswith("[prompt ") and "generated 6 tokens" in last
+    assert "modeled TTFT" in last and "modeled decode" in last and "measured host wall time" in last
+
+
+def test_generate_sampling_is_reproducible_with_a_seed(workspace, capsys):
+    args = ["generate", str(workspace), "--prompt", "Hello", "--max-new-tokens", "5", "--temperature", "1.0"]
+    args += ["--top-k", "50", "--top-p", "0.9", "--seed", "7", "--chat"]
+    main(args)
+    first = capsys.readouterr().out.splitlines()[0]
+    main(args)
+    assert capsys.readouterr().out.splitlines()[0] == first
+
+
+def test_generate_errors_are_one_sentence(workspace, tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "nope"), "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", str(workspace), "--prompt", "x", "--top-p", "0"]) == 2
+    assert "top-p must be in (0, 1]" in capsys.readouterr().err
+    long_prompt = "word " * 50000
+    assert main(["generate", str(workspace), "--prompt", long_prompt, "--max-new-tokens", "1"]) == 2
+    assert "but the model's context is 40960; shorten it" in capsys.readouterr().err
+
+
+def test_bench_json_on_a_workspace(workspace, tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    rc = main(["bench", str(workspace), "--prompt-len", "256", "--decode-tokens", "3", "--json", "--trace", str(trace)])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    m, f = res["modeled"], res["functional_run"]
+    assert res["plan"] == "paper-like" and m["prompt_len"] == 256
+    assert m["ttft_s"] > 0 and m["decode_ms_per_token"] > 0 and m["decode_tok_s"] > 0
+    assert m["dispatches_per_layer"] == {"prefill": 3, "decode": 2}
+    assert {g["name"] for g in m["groups"]} >= {"rms_gemms_rope", "flash_attn", "o_ffn", "lm_head", "cpu_attention"}
+    assert f["prompt_tokens_executed"] == 32 and f["decode_steps"] == 3
+    assert f["dispatches_traced"] == (1 * 3 + 1) + 3 * (1 * 2 + 1)  # prefill (1 layer + head) + 3 decode steps
+    assert "traceEvents" in json.loads(trace.read_text())
+
+
+def test_bench_a_model_dir_with_a_builtin_plan(model_dir, capsys):
+    rc = main(["bench", str(model_dir), "--plan", "iron-like", "--prompt-len", "64", "--decode-tokens", "1"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "iron-like" in out and "modeled" in out and "measured" in out
+    assert main(["bench", str(model_dir), "--plan", "deployed"]) == 2
+    assert "not a workspace" in capsys.readouterr().err
