@@ -56,6 +56,9 @@ class Tokenizer:
         if isinstance(tmpl, list):  # named templates: take the default one
             named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
             config["chat_template"] = named.get("default") or next(iter(named.values()), None)
+        jinja_file = model_dir / "chat_template.jinja"  # where transformers >= 4.43 saves the template
+        if not config.get("chat_template") and jinja_file.is_file():
+            config["chat_template"] = jinja_file.read_text(encoding="utf-8")
         if bos_id is None:
             bos_id = _id_of(backend, _token_text(config.get("bos_token")))
         if not eos_ids:
@@ -118,28 +121,35 @@ class Tokenizer:
 
 
 class IncrementalDecoder:
-    """Streaming decoder: push token ids, get back only text that can no longer change."""
+    """Streaming decoder: push token ids, get back only text that can no longer change.
+
+    Keeps two offsets into the ids (the technique of Hugging Face's text-generation-inference): text is
+    decoded from ``prefix`` on, and what lies beyond the text of ``ids[prefix:read]`` is new. Decoding
+    only this short window keeps each push O(1) in the length of the generation.
+    """
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
         self._tok = tokenizer
         self._skip = skip_special
         self._ids: list[int] = []
-        self._emitted = ""
+        self._prefix = 0
+        self._read = 0
 
     def push(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        text = self._tok.decode(self._ids, self._skip)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more bytes
+        self._ids.append(int(token_id))
+        done = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix :], self._skip)
+        if len(text) <= len(done) or text.endswith("\ufffd"):  # nothing new, or a character still incomplete
             return ""
-        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
-        self._emitted = text
-        return piece
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(done) :]
 
     def flush(self) -> str:
-        text = self._tok.decode(self._ids, self._skip)
-        piece = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
-        self._emitted = text
-        return piece
+        """Whatever is left at the end, even an incomplete character (then shown as U+FFFD)."""
+        done = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix :], self._skip)
+        self._prefix = self._read = len(self._ids)
+        return text[len(done) :] if len(text) > len(done) else ""
 
 
 def _id_of(backend, token: str | None) -> int | None:

@@ -308,9 +308,7 @@ def write_zoo_model(
     model = get_zoo_model(name)
     torch_dtype = dtype_from_name(dtype)
     dtype_name = _DTYPE_NAMES[torch_dtype]
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out} already exists and is not empty; choose a new --out directory")
+    out = check_out_dir(out_dir)
     cfg = model.hf_config(layers, dtype_name)
     spec = spec_from_config(cfg, name=model.name)
     layout = LAYOUTS[model.tokenizer]
@@ -329,6 +327,14 @@ def write_zoo_model(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return out
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """The output path, if it is new or an empty directory; ConfigError otherwise (nothing is overwritten)."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out} already exists and is not empty; choose a new --out directory")
     return out
 
 

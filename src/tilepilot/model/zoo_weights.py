@@ -88,12 +88,8 @@ def default_live_vocab(spec: ModelSpec) -> LiveVocab:
     return LiveVocab(ordinary=tuple(range(min(spec.vocab, spec.intermediate))), special=())
 
 
-def _row_std(block_start: int, n: int, live: LiveVocab, s: WeightScheme) -> torch.Tensor:
-    std = torch.full((n,), s.unused_embed_std)
-    for i in live.all:
-        if block_start <= i < block_start + n:
-            std[i - block_start] = s.embed_std
-    return std
+def _live_rows(block_start: int, n: int, live: LiveVocab) -> list[int]:
+    return [i - block_start for i in live.all if block_start <= i < block_start + n]
 
 
 def embedding_rows(spec: ModelSpec, ids: list[int], seed: int, live: LiveVocab, scheme: WeightScheme) -> torch.Tensor:
@@ -103,23 +99,28 @@ def embedding_rows(spec: ModelSpec, ids: list[int], seed: int, live: LiveVocab, 
     for k, i in enumerate(ids):
         b = i // ROW_BLOCK
         if b not in blocks:
-            blocks[b] = _embedding_block(spec, b, seed, live, scheme)
+            start = b * ROW_BLOCK
+            blocks[b] = _fill_block(torch.empty(min(ROW_BLOCK, spec.vocab - start), spec.hidden), b, seed, live, scheme)
         out[k] = blocks[b][i - b * ROW_BLOCK]
     return out
 
 
-def _embedding_block(spec: ModelSpec, b: int, seed: int, live: LiveVocab, s: WeightScheme) -> torch.Tensor:
-    start = b * ROW_BLOCK
-    n = min(ROW_BLOCK, spec.vocab - start)
+def _fill_block(rows: torch.Tensor, b: int, seed: int, live: LiveVocab, s: WeightScheme) -> torch.Tensor:
+    """Fill embedding row block ``b`` in place: N(0, 1) from the block's own seed, scaled per row."""
     gen = torch.Generator().manual_seed(tensor_seed(seed, f"{EMBED_NAME}#rows{b}"))
-    x = torch.empty(n, spec.hidden).normal_(generator=gen)
-    return x.mul_(_row_std(start, n, live, s)[:, None])
+    rows.normal_(generator=gen)
+    keep = _live_rows(b * ROW_BLOCK, rows.shape[0], live)
+    live_values = rows[keep] * s.embed_std if keep else None
+    rows.mul_(s.unused_embed_std)
+    if live_values is not None:
+        rows[keep] = live_values
+    return rows
 
 
 def _embedding(spec: ModelSpec, seed: int, live: LiveVocab, s: WeightScheme) -> torch.Tensor:
     out = torch.empty(spec.vocab, spec.hidden)
     for b in range(math.ceil(spec.vocab / ROW_BLOCK)):
-        out[b * ROW_BLOCK : (b + 1) * ROW_BLOCK] = _embedding_block(spec, b, seed, live, s)
+        _fill_block(out[b * ROW_BLOCK : (b + 1) * ROW_BLOCK], b, seed, live, s)
     return out
 
 
