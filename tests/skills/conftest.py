@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import json
 import sys
+from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import write_tiny  # noqa: E402
 
+from tilepilot.cli import main  # noqa: E402
 from tilepilot.skills.context import DeployContext, Settings  # noqa: E402
 
 
@@ -38,3 +43,44 @@ def fresh_ctx(tiny_model, tmp_path):
         )
 
     return make
+
+
+@dataclass
+class Deployed:
+    """One tiny model deployed end to end through the CLI (``tilepilot deploy ... --json``)."""
+
+    model: Path
+    workspace: Path
+    knowledge: Path
+    exit_code: int
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def deployment(tiny_model, tmp_path_factory):
+    """``deployment(family)``: the family's tiny model deployed once per session (shared by many tests)."""
+    done: dict[str, Deployed] = {}
+
+    def get(family: str) -> Deployed:
+        if family not in done:
+            base = tmp_path_factory.mktemp(f"deploy-{family}")
+            model, ws, know = tiny_model(family), base / "ws", base / "knowledge"
+            buf = io.StringIO()
+            with redirect_stdout(buf):
+                code = main(
+                    [
+                        "deploy",
+                        str(model),
+                        "--out",
+                        str(ws),
+                        "--json",
+                        "--knowledge",
+                        str(know),
+                        "--tune-candidates",
+                        "4",
+                    ]
+                )
+            done[family] = Deployed(model, ws, know, code, json.loads(buf.getvalue()))
+        return done[family]
+
+    return get

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 KNOWLEDGE_ENV = "TILEPILOT_KNOWLEDGE"
@@ -38,6 +39,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help=f"registry + lessons shared between deployments (default ${KNOWLEDGE_ENV} or ~/.cache/tilepilot/...)",
+    )
+    p.add_argument(
+        "--tune-candidates",
+        type=int,
+        default=None,
+        metavar="N",
+        help="configs the tile tuner times per new kernel shape (default 24; the registry makes repeats lookups)",
     )
     return p
 
@@ -86,9 +94,14 @@ def run(args) -> int:
             err.print(f"{label}: {mark} in {outcome.seconds:.1f} s (host, measured) — {message}")
 
     knowledge = args.knowledge if args.knowledge is not None else default_knowledge_dir()
-    summary = deploy(
-        args.model_dir, args.out, resume=args.resume, settings=Settings(knowledge_dir=knowledge), on_event=on_event
-    )
+    settings = Settings(knowledge_dir=knowledge)
+    if args.tune_candidates is not None:
+        if args.tune_candidates < 1:
+            from tilepilot.errors import InputError
+
+            raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
+        settings = replace(settings, tune_max_candidates=args.tune_candidates)
+    summary = deploy(args.model_dir, args.out, resume=args.resume, settings=settings, on_event=on_event)
     for st in statuses.values():
         st.stop()
     if args.json:

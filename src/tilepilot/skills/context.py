@@ -25,6 +25,12 @@ from tilepilot.skills.journal import Journal, atomic_write, atomic_write_json
 # (reference/xdna2.md, "Published LLM results"), and decode is timed at the same context.
 TIMING_PROMPT_LEN = 2048
 
+# Configs the tuner validates and times per new shape, taken from the family's own ranking (best guesses
+# first). Validating one design of a 2048-token GEMM costs ~0.1-0.2 s of host time, so an exhaustive search
+# of every GEMM shape (hundreds of candidates each) would dominate a deployment; 24 keeps the first
+# deployment of a shape to seconds, and the registry makes later ones lookups.
+TUNE_MAX_CANDIDATES = 24
+
 # deployment.json key of the runner options a deployment records beside its plan.
 RUNTIME_KEY = "runtime"
 
@@ -48,6 +54,7 @@ class Settings:
     kernel_tokens: int = 8
     seed: int = 0
     knowledge_dir: Path | None = None
+    tune_max_candidates: int = TUNE_MAX_CANDIDATES
 
 
 @dataclass

@@ -100,7 +100,10 @@ class OracleCallAudit:
         return self
 
     def __exit__(self, *exc):
-        sys.setprofile(self._old)
+        try:
+            sys.setprofile(self._old)
+        except TypeError:  # a C-level profiler (cProfile) was active: it cannot be restored from Python
+            sys.setprofile(None)
         threading.setprofile(None)
         return False
 

@@ -171,13 +171,16 @@ class Orchestrator:
         j = self.ctx.journal
         outcomes = [PhaseOutcome(p.phase, p.name, "pending") for p in self.phases]
         start = self.first_unpassed() if resume else 0
-        for o in outcomes[:start]:
+        verdict, review = "PASS", None
+        for cls, o in zip(self.phases[:start], outcomes[:start], strict=True):
             o.status = "resumed"
             self.on_event("skip", o, "gate already passed")
+            recorded = (j.read_gate(cls.name) or {}).get("evidence") or {}
+            if "verdict" in recorded:  # a resumed, already evaluated deployment keeps its evaluator's verdict
+                verdict = str(recorded["verdict"])
         if start:
             j.progress(f"resumed: phases 0..{start - 1} already passed, continuing at phase {start}")
         self._write_todo(outcomes)
-        verdict, review = "PASS", None
         for cls, outcome in zip(self.phases[start:], outcomes[start:], strict=True):
             outcome.status = "running"
             self._write_todo(outcomes)

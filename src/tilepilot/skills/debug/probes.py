@@ -10,6 +10,7 @@ Probes are diagnostics, never the production path, so they may use the oracle's 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
@@ -22,6 +23,23 @@ from tilepilot.plan.graph import KV_FAMILY, block_graph
 TILE_PATH_MAX_MACS = 4_000_000
 # Rows of the RoPE probe behind the layout signature (position 0 is RoPE's identity, 1.. are not).
 ROPE_PROBE_ROWS = 16
+
+
+@functools.lru_cache(maxsize=512)
+def _default_config(family: str, shape):
+    from tilepilot.plan.bind import family_module
+
+    return family_module(family).default_config(shape)
+
+
+def config_for(family: str, shape, config: dict[str, Any]):
+    """The family Config of a plan config dict; ``{}`` is the family default, memoized per shape (a GEMM
+    default ranks every candidate tiling, ~0.07 s, and probes ask for the same shapes again and again)."""
+    from tilepilot.plan.bind import family_module, make_config
+
+    if not config:
+        return _default_config(family, shape)
+    return make_config(family_module(family), shape, config)
 
 
 @dataclass(frozen=True)
@@ -150,13 +168,13 @@ def probe(
     from tilepilot.npu.design import MultiLaunchGroup
     from tilepilot.npu.execute import run_group_tile, run_tile
     from tilepilot.npu.validate import validate, validate_group
-    from tilepilot.plan.bind import family_module, make_config
+    from tilepilot.plan.bind import family_module
 
     cfg_dict = call.config_dict if config is None else dict(config)
     mod = family_module(call.family)
     shape = call_shape(spec, call, rows, context, cfg_dict)
     try:
-        cfg = make_config(mod, shape, cfg_dict)
+        cfg = config_for(call.family, shape, cfg_dict)
         design = mod.make_design(shape, cfg)
     except Exception as e:
         codes = list(getattr(e, "codes", []) or [])
@@ -250,7 +268,6 @@ def group_checks(plan, spec, prompt_len: int, only: tuple[str, str] | None = Non
     launches (``kernels.fuse``); a binding whose tensors disagree is GROUP_BINDING. Groups that cannot be
     expressed as one fused dispatch for another reason are reported with that reason's codes."""
     from tilepilot.kernels.fuse import group_for_ops
-    from tilepilot.plan.bind import family_module, make_config
 
     graph = block_graph(spec)
     out = []
@@ -265,10 +282,10 @@ def group_checks(plan, spec, prompt_len: int, only: tuple[str, str] | None = Non
                     continue
                 configs = {}
                 for c in kernel_ops:
-                    if c.config:
+                    # attention's fused shape differs from the runner's (no query padding): let fuse choose
+                    if c.config or c.family != "attention":
                         ref = CallRef(stage, part, g.name, c.op, c.family, tuple(sorted(c.config.items())))
-                        mod = family_module(c.family)
-                        configs[c.op] = make_config(mod, call_shape(spec, ref, rows, context), c.config)
+                        configs[c.op] = config_for(c.family, call_shape(spec, ref, rows, context), c.config)
                 ops = [c.op for c in g.calls if graph.node(c.op).kind != "kv_write"]
                 try:
                     group_for_ops(g.name, spec, ops, rows, stage=stage, context=context - rows, configs=configs)

@@ -14,7 +14,7 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 from tilepilot.skills.base import SkillInput
-from tilepilot.skills.debug.probes import CallRef, call_shape, group_checks, plan_calls, stage_rows
+from tilepilot.skills.debug.probes import CallRef, call_shape, config_for, group_checks, plan_calls, stage_rows
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
 
@@ -24,33 +24,28 @@ _KNOW = SkillInput("knowledge", "shared kernel registry (registry.json) from ear
 # Prompt lengths a tuned prefill config must also be legal at besides the timed one: an odd short prompt
 # and a single token (chunked prefill of one token); the gate prompt length is added at run time.
 EXTRA_PREFILL_ROWS = (1, 17)
-# Configs the tuner validates and times per new shape, taken from the family's own ranking (best guesses
-# first). Validating one design of a 2048-token GEMM costs ~0.1-0.2 s of host time, so an exhaustive search
-# of every GEMM shape (hundreds of candidates each) would dominate a deployment; 24 keeps the first
-# deployment of a shape to seconds, and the registry makes later ones lookups.
-TUNE_MAX_CANDIDATES = 24
 MATRIX_FAMILIES = ("gemm", "gemv", "lm_head")
 
 
 def resolved_config(spec, call: CallRef, rows: int, context: int):
     """The family Config a call runs with at this size (its plan config, or the family default)."""
-    from tilepilot.plan.bind import family_module, make_config
+    from tilepilot.plan.bind import family_module
 
     mod = family_module(call.family)
-    return mod, make_config(mod, call_shape(spec, call, rows, context), call.config_dict)
+    return mod, config_for(call.family, call_shape(spec, call, rows, context), call.config_dict)
 
 
 def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int, int]]) -> bool:
     """Whether ``config`` builds and validates for this call at every (rows, context) in ``sizes``."""
     from tilepilot.npu.design import MultiLaunchGroup
     from tilepilot.npu.validate import validate, validate_group
-    from tilepilot.plan.bind import family_module, make_config
+    from tilepilot.plan.bind import family_module
 
     mod = family_module(call.family)
     for rows, context in sizes:
         try:
             shape = call_shape(spec, call, rows, context, config)
-            d = mod.make_design(shape, make_config(mod, shape, config))
+            d = mod.make_design(shape, config_for(call.family, shape, config))
             if validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d):
                 return False
         except Exception:
@@ -137,9 +132,19 @@ class TileTuning(PlanOptimization):
         "No legal config for a shape: the call keeps its current config.",
     )
 
+    def run(self, ctx):
+        """As every optimization, plus how much tuning was searched vs looked up (the registry's payoff)."""
+        result = super().run(ctx)
+        result.evidence["tuning"] = dict(ctx.tuning_stats)
+        return result
+
     def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        import time
+
         from tilepilot.kernels.registry import as_dict
         from tilepilot.kernels.tuning import timing_key, tune
+
+        t0 = time.perf_counter()
 
         registry = ctx.kernel_registry
         new = clone(ctx.plan)
@@ -151,7 +156,7 @@ class TileTuning(PlanOptimization):
             try:
                 mod, current = resolved_config(ctx.spec, call, rows, context)
                 shape = call_shape(ctx.spec, call, rows, context)
-                result = tune(call.family, shape, registry, max_candidates=TUNE_MAX_CANDIDATES)
+                result = tune(call.family, shape, registry, max_candidates=ctx.settings.tune_max_candidates)
             except Exception:
                 continue
             lookups += int(result.from_registry)
@@ -174,7 +179,11 @@ class TileTuning(PlanOptimization):
                     changed.append(call.op)
                     break
                 set_config(new, call, cur_plan_config)  # breaks its merged group's bindings: next row
-        ctx.tuning_stats[stage] = {"lookups": lookups, "candidates_searched": searched}
+        ctx.tuning_stats[stage] = {
+            "lookups": lookups,
+            "candidates_searched": searched,
+            "seconds_measured": time.perf_counter() - t0,
+        }
         if changed:
             yield Proposal(
                 new, f"{stage}: tuned {len(changed)} call(s) ({lookups} registry lookups, {searched} configs searched)"
