@@ -1,53 +1,20 @@
 """Text in, streamed text out: tokenizer + NpuRunner + sampling.
 
 Streaming must never print half a UTF-8 character: byte-level BPE tokens can split a character across
-tokens, so text is released only when the decoded suffix no longer ends in the replacement character.
+tokens, so text goes through the tokenizer's incremental decoder (``model.tokenizer.IncrementalDecoder``),
+which releases text only once it can no longer change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from tilepilot.errors import InputError
+from tilepilot.model.tokenizer import IncrementalDecoder
 from tilepilot.runner.npu_runner import GenerationResult, NpuRunner
 from tilepilot.runner.sampling import SamplingParams
-
-REPLACEMENT = "\ufffd"
-
-
-class TextTokenizer(Protocol):
-    def encode(self, text: str, add_bos: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class IncrementalDecoder:
-    """Feeds token ids, returns only newly completed text (never a dangling partial character)."""
-
-    def __init__(self, decode: Callable[[Sequence[int]], str]):
-        self._decode = decode
-        self._ids: list[int] = []
-        self._emitted = ""
-
-    def push(self, token_id: int) -> str:
-        self._ids.append(int(token_id))
-        text = self._decode(self._ids)
-        if text.endswith(REPLACEMENT):
-            return ""
-        if not text.startswith(self._emitted):
-            # a merge changed earlier text (rare with byte-level BPE): emit nothing, resync at the end
-            return ""
-        new = text[len(self._emitted) :]
-        self._emitted = text
-        return new
-
-    def flush(self) -> str:
-        text = self._decode(self._ids)
-        new = text[len(self._emitted) :] if text.startswith(self._emitted) else ""
-        self._emitted = text
-        return new
 
 
 @dataclass
@@ -81,7 +48,7 @@ def generate_text(
 ) -> TextGeneration:
     """Generate from ``prompt`` and stream completed text to ``on_text`` as tokens arrive."""
     ids = encode_prompt(tokenizer, prompt, chat)
-    dec = IncrementalDecoder(tokenizer.decode)
+    dec = IncrementalDecoder(tokenizer)
     pieces: list[str] = []
     eos = set(runner.spec.eos_ids) | set(getattr(tokenizer, "eos_ids", ()) or ())
 
