@@ -183,7 +183,7 @@ class NpuRunner:
         self.cache.reserve(rows)
 
         t0 = time.perf_counter()
-        self._ctx_sync(phase)
+        self.dispatcher.set_phase(phase)
         x_buf = self.pool.buffer(f"{phase}.{LAYER_INPUT}")
         if self.dry:
             x_buf.write(torch.empty(rows, s.hidden, dtype=BF16, device="meta"))
@@ -211,14 +211,10 @@ class NpuRunner:
         env = {LAYER_INPUT: x}
         self.dispatcher.run(stage.head, env, self._head, head_pass, None, kv, tables)
         logits_buf = env[self.graph.head[-1].output]
-        self._ctx_sync(phase)
+        self.dispatcher.set_phase(phase)
         logits = self.pool.host_view(logits_buf).float()
         self.cache.advance(rows)
         return RunnerStep(logits=logits, layer_outputs=outputs, start=start)
-
-    def _ctx_sync(self, phase: str) -> None:
-        """Host-side syncs outside any group (inputs, logits) are still traced under their phase."""
-        self.dispatcher._ctx = {"group": None, "layer": None, "phase": phase}
 
     def _last_row(self, buf: DeviceBuffer, phase: str) -> DeviceBuffer:
         """The head reads only the last position: a view through an offset access pattern, no copy."""

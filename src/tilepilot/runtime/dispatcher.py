@@ -13,6 +13,7 @@ Every dispatch, buffer sync and CPU step is recorded in the trace with its group
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -66,13 +67,24 @@ def _host_threads(p: Pass) -> Iterator[None]:
 
 
 class KernelLibrary:
-    """Designs and modeled dispatch times, built once per (family, shape, config) and group."""
+    """Designs and modeled dispatch times, built once per (family, shape, config) and group.
 
-    def __init__(self, device: Device | None = None, cal: Calibration = CALIBRATION):
+    Bounded (least recently used first out): decode attention on the NPU has a new shape at every
+    context length, so an unbounded cache would grow with every generated token.
+    """
+
+    def __init__(self, device: Device | None = None, cal: Calibration = CALIBRATION, capacity: int = 1024):
         self.device = device or npu2()
         self.cal = cal
-        self._designs: dict[Any, Any] = {}
-        self._groups: dict[tuple, GroupTiming] = {}
+        self.capacity = capacity
+        self._designs: OrderedDict[Any, Any] = OrderedDict()
+        self._groups: OrderedDict[tuple, GroupTiming] = OrderedDict()
+
+    @staticmethod
+    def _touch(cache: OrderedDict, key: Any, capacity: int) -> None:
+        cache.move_to_end(key)
+        while len(cache) > capacity:
+            cache.popitem(last=False)
 
     def design(self, family: str, shape: Any, config: dict[str, Any]) -> tuple[Any, Any]:
         """(key, design) for one call; the key identifies it for ``dispatch_time``."""
@@ -81,6 +93,7 @@ class KernelLibrary:
             mod = family_module(family)
             cfg = make_config(mod, shape, config, self.device)
             self._designs[key] = mod.make_design(shape, cfg, self.device)
+        self._touch(self._designs, key, self.capacity)
         return key, self._designs[key]
 
     def dispatch_time(self, name: str, keys: list[Any]) -> GroupTiming:
@@ -92,6 +105,7 @@ class KernelLibrary:
                 d = self._designs[k]
                 designs.extend(d.designs if isinstance(d, MultiLaunchGroup) else [d])
             self._groups[gkey] = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
+        self._touch(self._groups, gkey, self.capacity)
         return self._groups[gkey]
 
 
@@ -172,6 +186,10 @@ class Dispatcher:
         pool.on_sync = self._on_sync
 
     # ---- trace plumbing ---------------------------------------------------------------------
+    def set_phase(self, phase: str) -> None:
+        """Host-side work outside any group (inputs, logits read-back) is traced under its phase."""
+        self._ctx = {"group": None, "layer": None, "phase": phase}
+
     def _on_sync(self, ev: SyncEvent) -> None:
         if ev.seconds <= 0:
             return
@@ -203,7 +221,7 @@ class Dispatcher:
                 self._run_cpu(g, env, weights, p, layer, kv, tables)
             else:
                 self._run_npu(g, env, weights, p, layer, kv, tables)
-        self._ctx = {"group": None, "layer": None, "phase": p.phase}  # host-side work between groups
+        self.set_phase(p.phase)  # host-side work between groups
 
     # ---- NPU ------------------------------------------------------------------------------------
     def _run_npu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
