@@ -1,4 +1,4 @@
-"""`tilepilot generate` and `tilepilot bench` end to end on a reduced zoo checkpoint (1 layer)."""
+"""`tilepilot generate` and `tilepilot bench` end to end on a reduced (2-layer) zoo checkpoint."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import json
 import pytest
 
 from tilepilot.cli import main
-from tilepilot.model.zoo import write_zoo_model
 from tilepilot.workspace import make_workspace
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_zoo_model("qwen3-0.6b", tmp_path_factory.mktemp("zoo") / "qwen3-0.6b-l1", layers=1)
+def model_dir(zoo_model):
+    return zoo_model("qwen3-0.6b", layers=2)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +59,7 @@ def test_bench_json_on_a_workspace(workspace, tmp_path, capsys):
     assert m["dispatches_per_layer"] == {"prefill": 3, "decode": 2}
     assert {g["name"] for g in m["groups"]} >= {"rms_gemms_rope", "flash_attn", "o_ffn", "lm_head", "cpu_attention"}
     assert f["prompt_tokens_executed"] == 32 and f["decode_steps"] == 3
-    assert f["dispatches_traced"] == (1 * 3 + 1) + 3 * (1 * 2 + 1)  # prefill (1 layer + head) + 3 decode steps
+    assert f["dispatches_traced"] == (2 * 3 + 1) + 3 * (2 * 2 + 1)  # prefill (2 layers + head) + 3 decode steps
     assert "traceEvents" in json.loads(trace.read_text())
 
 

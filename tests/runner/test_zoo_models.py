@@ -14,7 +14,6 @@ import torch
 from tilepilot.gates import metrics as M
 from tilepilot.gates import thresholds as T
 from tilepilot.model.checkpoint import load_checkpoint
-from tilepilot.model.zoo import write_zoo_model
 from tilepilot.npu.trace import Trace
 from tilepilot.oracle.capture import capture_name
 from tilepilot.oracle.model import Oracle
@@ -27,13 +26,12 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def model(request, tmp_path_factory):
+def model(request, zoo_model):
     """(weights, oracle reference) of one reduced zoo model; the oracle runs once for all plans."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see conftest.one_torch_thread
     try:
-        path = write_zoo_model(request.param, tmp_path_factory.mktemp("zoo") / request.param, layers=2)
-        weights = load_checkpoint(path)
+        weights = load_checkpoint(zoo_model(request.param, layers=2))
         oracle = Oracle(weights)
         names = [capture_name(i, "out") for i in range(weights.spec.n_layers)]
         ref = oracle.prefill(PROMPT, capture=names)
