@@ -3,11 +3,12 @@
 This is the only place that knows both the graph's value names and each family's DDR tensor names,
 so the runner and ``time_plan`` build exactly the same designs for the same op. A binding gives:
 
-- ``shape(node, spec, rows, context)``: the family ``Shape`` for ``rows`` tokens in this call and
-  ``context`` positions of KV cache (attention);
+- ``shape(node, spec, rows, context, config)``: the family ``Shape`` for ``rows`` tokens in this call
+  and ``context`` positions of KV cache (attention); ``config`` is the plan's config dict (attention
+  pads its queries to the config's query tile);
 - ``run(design, args, spec)``: call ``design.fast`` with the op's tensors and return the output value
   as ``[rows, width]`` bf16. ``args`` holds the op's input values by value name, its weights by
-  ``LayerWeights`` field name, and for RoPE/attention ``cos``/``sin``/``k_cache``/``v_cache``/``start``.
+  ``LayerWeights`` field name, for RoPE the table ``cs``, and for attention the ``kv_cache`` and ``layer``.
 
 Families pad where their shapes do not tile; the family's ``prepare_inputs``/``crop_outputs`` helpers
 do it, so callers never pad by hand.
@@ -56,7 +57,7 @@ def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
 
 @dataclass(frozen=True)
 class Binding:
-    shape: Callable[[OpNode, ModelSpec, int, int], Any]
+    shape: Callable[[OpNode, ModelSpec, int, int, dict[str, Any]], Any]
     run: Callable[[Any, Args, ModelSpec], torch.Tensor]
 
 
@@ -68,7 +69,7 @@ def _linear_dims(node: OpNode, spec: ModelSpec) -> tuple[int, int]:
     return n, k
 
 
-def _gemm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _gemm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     n, k = _linear_dims(node, spec)
     return family_module("gemm").Shape(m=rows, n=n, k=k)
 
@@ -80,7 +81,7 @@ def _gemm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return mod.crop_outputs(design, design.fast(ins))["c"]
 
 
-def _gemv_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _gemv_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     n, k = _linear_dims(node, spec)
     return family_module("gemv").Shape(n=n, k=k, m=rows)
 
@@ -96,7 +97,7 @@ def _gemv_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
 
 
 # ---- residual add ---------------------------------------------------------------------------------------------------
-def _add_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _add_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("eltwise").Shape(n=rows * node.width, op="add")
 
 
@@ -108,7 +109,7 @@ def _add_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
 
 
 # ---- LM head --------------------------------------------------------------------------------------------------------
-def _head_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _head_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("lm_head").Shape(vocab=spec.vocab, k=spec.hidden, m=rows)
 
 
@@ -117,11 +118,11 @@ def _head_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
 
 
 # ---- norms, RoPE, SwiGLU, bias: row-streaming families with x/w -> y style tensors --------------------------------
-def _rmsnorm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _rmsnorm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("rmsnorm").Shape(rows=rows, width=node.width, heads=1, eps=spec.rms_eps)
 
 
-def _head_norm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _head_norm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     heads = node.width // spec.head_dim
     return family_module("rmsnorm").Shape(rows=rows, width=spec.head_dim, heads=heads, eps=spec.rms_eps)
 
@@ -130,7 +131,7 @@ def _norm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return design.fast({"x": args["_in"][0], "w": args[args["_w"][0]]})["y"]
 
 
-def _rope_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _rope_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("rope").Shape(rows=rows, heads=node.width // spec.head_dim, head_dim=spec.head_dim)
 
 
@@ -142,7 +143,7 @@ def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return design.fast({"x": args["_in"][0], "cs": cs})["y"]
 
 
-def _swiglu_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _swiglu_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("swiglu").Shape(rows=rows, width=node.width)
 
 
@@ -151,7 +152,7 @@ def _swiglu_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return design.fast({"gate": gate, "up": up})["y"]
 
 
-def _bias_shape(node: OpNode, spec: ModelSpec, rows: int, context: int) -> Any:
+def _bias_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("bias").Shape(rows=rows, width=node.width)
 
 
@@ -159,7 +160,36 @@ def _bias_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return design.fast({"x": args["_in"][0], "b": args[args["_w"][0]]})["y"]
 
 
+# ---- attention over the packed KV cache -------------------------------------------------------------------------
+ATTN_Q_GRANULE = 4  # the family's smallest query tile above 2 rows (MMUL M); prompts are padded to it
+
+
+def _attn_q_len(rows: int, config: dict[str, Any]) -> int:
+    tile = int(config.get("tile_q", 0)) or (rows if rows <= 2 else ATTN_Q_GRANULE)
+    return -(-rows // tile) * tile
+
+
+def _attention_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
+    """Queries padded at the end to whole query tiles: the padded queries sit *after* every real one, so
+    causality hides them (and the key rows they add) from the real queries, whose outputs are unchanged."""
+    q_len = _attn_q_len(rows, config)
+    return family_module("attention").Shape(
+        q_len=q_len, kv_len=context + q_len - rows, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+    )  # fmt: skip
+
+
+def _attention_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    q = args["_in"][0]
+    rows, q_len = q.shape[0], design.tensor("q").shape[0]
+    if q_len != rows:
+        q = torch.cat((q, torch.zeros(q_len - rows, q.shape[1], dtype=q.dtype)))
+    kv = args["kv_cache"].packed(args["layer"], design.meta["kv_rows"])
+    return design.fast({"q": q, "kv": kv})["o"][:rows]
+
+
 BINDINGS: dict[tuple[str, str], Binding] = {
+    ("attention", "attention"): Binding(_attention_shape, _attention_run),
     ("rmsnorm", "rmsnorm"): Binding(_rmsnorm_shape, _norm_run),
     ("head_norm", "rmsnorm"): Binding(_head_norm_shape, _norm_run),
     ("rope", "rope"): Binding(_rope_shape, _rope_run),
@@ -170,11 +200,11 @@ BINDINGS: dict[tuple[str, str], Binding] = {
     ("add", "eltwise"): Binding(_add_shape, _add_run),
     ("lm_head", "lm_head"): Binding(_head_shape, _head_run),
     ("lm_head", "gemv"): Binding(
-        lambda n, s, r, c: family_module("gemv").Shape(n=s.vocab, k=s.hidden, m=r),
+        lambda n, s, r, c, cfg: family_module("gemv").Shape(n=s.vocab, k=s.hidden, m=r),
         lambda d, a, s: _gemv_run(d, {**a, "_w": ("lm_head",)}, s),
     ),
     ("lm_head", "gemm"): Binding(
-        lambda n, s, r, c: family_module("gemm").Shape(m=r, n=s.vocab, k=s.hidden),
+        lambda n, s, r, c, cfg: family_module("gemm").Shape(m=r, n=s.vocab, k=s.hidden),
         lambda d, a, s: _gemm_run(d, {**a, "_w": ("lm_head",)}, s),
     ),
 }

@@ -1,8 +1,9 @@
-"""The KV cache: per-layer K and V rows in the seq-first layout the projections produce.
+"""The KV cache: per-layer K and V rows in the seq-first, packed layout the kernels read.
 
-Rows are ``[position, kv_heads * head_dim]`` in bf16, exactly what the K/V projection (after RoPE on
-K) writes, so a write is a row copy and never a transpose. Storage grows by doubling up to the
-model's context so a short chat does not reserve the full context of a 128k-position model.
+Row ``p`` of a layer is ``[k_p | v_p]`` (``2 * kv_heads * head_dim`` bf16), exactly what the K/V
+projections (after RoPE on K) write and what the attention family streams, so a write is a row copy
+and attention reads the cache in place: no transpose, no packing copy. Storage grows by doubling up to
+the model's context so a short chat does not reserve the full context of a 128k-position model.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ class KVCache:
         self.device = torch.device(device)  # "meta" for dry runs: shapes and lengths only, no storage
         self.length = 0
         self._capacity = 0
-        self._k: list[torch.Tensor] = []
-        self._v: list[torch.Tensor] = []
+        self._rows: list[torch.Tensor] = []
         self._grow(min(max(1, initial_capacity), max_positions))
 
     @property
@@ -40,27 +40,25 @@ class KVCache:
         return self._capacity
 
     def nbytes(self) -> int:
-        return 2 * self.n_layers * self._capacity * self.kv_dim * torch.finfo(self.dtype).bits // 8
+        return self.n_layers * self._capacity * 2 * self.kv_dim * torch.finfo(self.dtype).bits // 8
 
-    def _grow(self, needed: int) -> None:
+    def _grow(self, needed: int, limit: int | None = None) -> None:
         if needed <= self._capacity:
             return
-        if needed > self.max_positions:
+        limit = self.max_positions if limit is None else limit
+        if needed > limit:
             raise InputError(
                 f"the KV cache needs {needed} positions but the model's context is {self.max_positions}; "
                 "shorten the prompt or generate fewer tokens"
             )
-        cap = max(needed, min(self.max_positions, max(1, self._capacity) * 2))
-        new_k, new_v = [], []
+        cap = max(needed, min(limit, max(1, self._capacity) * 2))
+        new = []
         for i in range(self.n_layers):
-            k = torch.zeros(cap, self.kv_dim, dtype=self.dtype, device=self.device)
-            v = torch.zeros(cap, self.kv_dim, dtype=self.dtype, device=self.device)
-            if self._k:
-                k[: self.length] = self._k[i][: self.length]
-                v[: self.length] = self._v[i][: self.length]
-            new_k.append(k)
-            new_v.append(v)
-        self._k, self._v, self._capacity = new_k, new_v, cap
+            rows = torch.zeros(cap, 2 * self.kv_dim, dtype=self.dtype, device=self.device)
+            if self._rows:
+                rows[: self.length] = self._rows[i][: self.length]
+            new.append(rows)
+        self._rows, self._capacity = new, cap
 
     def reserve(self, n_new: int) -> None:
         """Make room for ``n_new`` more positions (one reallocation at most)."""
@@ -70,15 +68,22 @@ class KVCache:
         """Store rows for positions ``[length, length + T)`` of one layer (committed by ``advance``)."""
         t = k.shape[0]
         self._grow(self.length + t)
-        self._k[layer][self.length : self.length + t].copy_(k.reshape(t, self.kv_dim))
-        self._v[layer][self.length : self.length + t].copy_(v.reshape(t, self.kv_dim))
+        rows = self._rows[layer][self.length : self.length + t]
+        rows[:, : self.kv_dim].copy_(k.reshape(t, self.kv_dim))
+        rows[:, self.kv_dim :].copy_(v.reshape(t, self.kv_dim))
 
     def keys(self, layer: int, n_new: int = 0) -> torch.Tensor:
-        """K rows ``[0, length + n_new)`` of a layer (a view, no copy)."""
-        return self._k[layer][: self.length + n_new]
+        """K rows ``[0, length + n_new)`` of a layer (a strided view, no copy)."""
+        return self._rows[layer][: self.length + n_new, : self.kv_dim]
 
     def values(self, layer: int, n_new: int = 0) -> torch.Tensor:
-        return self._v[layer][: self.length + n_new]
+        return self._rows[layer][: self.length + n_new, self.kv_dim :]
+
+    def packed(self, layer: int, rows: int) -> torch.Tensor:
+        """The first ``rows`` packed ``[k | v]`` rows of a layer, in place. Rows past the cached positions
+        (a kernel's padding to whole key blocks) hold finite values and are masked by causality."""
+        self._grow(rows, limit=max(rows, self.max_positions))
+        return self._rows[layer][:rows]
 
     def advance(self, t: int) -> None:
         self.length += t
