@@ -73,3 +73,11 @@ def test_out_of_scope_model_is_refused(tmp_path):
     with pytest.raises(ScopeError):
         make_workspace(d, "default", tmp_path / "ws")
     assert not (tmp_path / "ws" / DEPLOYMENT_FILE).exists()
+
+
+def test_runner_options_come_from_the_runtime_key(model_dir, tmp_path):
+    ws = make_workspace(model_dir, "default", tmp_path / "ws")
+    assert ws.runner_options == {}
+    ws.extra["runtime"] = {"static_buffers": ["decode.rope_tables"], "note": "ignored"}
+    ws.save()
+    assert load_workspace(ws.path).runner_options == {"static_buffers": ["decode.rope_tables"]}

@@ -21,6 +21,8 @@ from tilepilot.plan.plan import DeploymentPlan, check_plan
 
 DEPLOYMENT_FILE = "deployment.json"
 WORKSPACE_FORMAT = 1
+RUNTIME_KEY = "runtime"  # runner options recorded beside the plan (e.g. buffers treated as static)
+RUNNER_OPTIONS = ("static_buffers",)
 
 
 @dataclass
@@ -34,6 +36,12 @@ class Workspace:
     @property
     def deployment_file(self) -> Path:
         return self.path / DEPLOYMENT_FILE
+
+    @property
+    def runner_options(self) -> dict[str, Any]:
+        """Keyword options for ``NpuRunner`` that the deployment recorded (only the ones the runner takes)."""
+        opts = self.extra.get(RUNTIME_KEY) or {}
+        return {k: v for k, v in opts.items() if k in RUNNER_OPTIONS}
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.extra)

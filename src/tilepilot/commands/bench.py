@@ -47,7 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _resolve(path: Path, plan_name: str | None):
-    """(plan, spec, model_dir) from a workspace or a model directory."""
+    """(plan, spec, model_dir, runner options) from a workspace or a model directory."""
     from tilepilot.model.spec import load_spec
     from tilepilot.plan.builtin import builtin_plan
     from tilepilot.workspace import is_workspace, load_workspace
@@ -55,13 +55,13 @@ def _resolve(path: Path, plan_name: str | None):
     if is_workspace(path):
         ws = load_workspace(path)
         if plan_name in (None, "deployed"):
-            return ws.plan, ws.spec, ws.model_dir
-        return builtin_plan(plan_name, ws.spec), ws.spec, ws.model_dir
+            return ws.plan, ws.spec, ws.model_dir, ws.runner_options
+        return builtin_plan(plan_name, ws.spec), ws.spec, ws.model_dir, {}
     if (path / "config.json").is_file():
         if plan_name == "deployed":
             raise WorkspaceError(f"{path} is a model directory, not a workspace; pick --plan iron-like or paper-like")
         spec = load_spec(path)
-        return builtin_plan(plan_name or "paper-like", spec), spec, path
+        return builtin_plan(plan_name or "paper-like", spec), spec, path, {}
     raise WorkspaceError(f"{path} is neither a workspace nor a model directory; pass one of them")
 
 
@@ -90,7 +90,7 @@ def bench(
 
     if prompt_len < 1 or decode_tokens < 0:
         raise InputError("--prompt-len must be >= 1 and --decode-tokens >= 0")
-    plan, spec, model_dir = _resolve(Path(path), plan_name)
+    plan, spec, model_dir, options = _resolve(Path(path), plan_name)
     if prompt_len + 1 > spec.max_positions:
         raise InputError(f"prompt has {prompt_len} tokens but the model's context is {spec.max_positions}; shorten it")
     modeled = time_plan(plan, spec, prompt_len=prompt_len)
@@ -104,7 +104,7 @@ def bench(
     t0 = time.perf_counter()
     weights = load_checkpoint(model_dir)
     trace = Trace()
-    runner = NpuRunner(plan, weights, trace=trace)
+    runner = NpuRunner(plan, weights, trace=trace, **options)
     load_s = time.perf_counter() - t0
     result = runner.generate(_run_ids(tokenizer, run_len, spec.vocab), decode_tokens + 1, stop_ids=())
     if trace_path is not None:

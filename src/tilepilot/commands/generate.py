@@ -53,7 +53,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     weights = load_checkpoint(ws.model_dir)
     tokenizer = Tokenizer.from_dir(ws.model_dir)
-    runner = NpuRunner(ws.plan, weights)
+    runner = NpuRunner(ws.plan, weights, **ws.runner_options)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
