@@ -104,3 +104,4 @@ def test_second_deployment_of_the_same_shapes_tunes_faster(deployment, tmp_path)
     assert now["seconds_measured"] < was["seconds_measured"]
     lessons = json.loads((first.knowledge / "lessons.json").read_text())["lessons"]
     assert any(x.get("kind") == "optimization" and x["decision"] == "applied" for x in lessons)
+    assert "From earlier deployments" in (ctx.root / J.LESSONS).read_text()  # the new workspace starts with them

@@ -131,8 +131,33 @@ class DeployContext:
                 raise WorkspaceError(f"{out} exists and is not empty; choose a new --out directory")
             ws_mod.make_workspace(model_dir, "default", out, overwrite=False)
         ctx = cls(out, settings or Settings())
-        ctx.journal.scaffold(spec.name or spec.architecture)
+        if ctx.journal.scaffold(spec.name or spec.architecture):
+            ctx._inherit_lessons(spec)
         return ctx
+
+    def _inherit_lessons(self, spec) -> None:
+        """Start a new workspace's LESSONS.md with what earlier deployments learned (same family first)."""
+        lessons = self.load_lessons()
+        if not lessons:
+            return
+        mine = [x for x in lessons if x.get("family") == spec.family] or lessons
+        repairs = [x for x in mine if x.get("signature")]
+        rejected = [x for x in mine if x.get("kind") == "optimization" and x.get("decision") != "applied"]
+        lines = [
+            f"- `{x['signature']}` in {x.get('model')}: repaired by `{x['skill']}` ({x['remedy']})" for x in repairs
+        ]
+        lines += [
+            f"- {x.get('skill')} ({x.get('stage')}) on an earlier model: {x.get('decision')}" for x in rejected[:20]
+        ]
+        if lines:
+            self.journal.lesson("From earlier deployments (knowledge directory)", "\n".join(lines))
+
+    def known_repair(self, signature: str) -> str | None:
+        """How an earlier deployment repaired this signature, if one did (for the debug log)."""
+        for x in reversed(self.load_lessons()):
+            if x.get("signature") == signature:
+                return f"seen before in {x.get('model')}: `{x.get('skill')}` {x.get('remedy')}"
+        return None
 
     # ---- workspace ----------------------------------------------------------------------------
     def _workspace(self):

@@ -133,9 +133,14 @@ class Orchestrator:
                 self.ctx.failure = None
             tried.append(diag.signature)
             outcome.repairs.append(f"{dbg_cls.name}: {repair.status} ({repair.summary})")
+            known = self.ctx.known_repair(diag.signature) if hasattr(self.ctx, "known_repair") else None
             j.debug(
                 f"phase {cls.phase} `{cls.name}` failed: signature {diag.signature}",
-                [*diag.reasons, f"skill `{dbg_cls.name}`: {repair.status}: {repair.summary}"],
+                [
+                    *diag.reasons,
+                    *([known] if known else []),
+                    f"skill `{dbg_cls.name}`: {repair.status}: {repair.summary}",
+                ],
             )
             if repair.status != "repaired":
                 return result, diag

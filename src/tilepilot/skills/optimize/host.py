@@ -105,10 +105,12 @@ class ReuseBuffers(PlanOptimization):
 class AlignLayouts(PlanOptimization):
     name = "align-layouts"
     description = (
-        "Keeps activations sequence-first end to end so no host transposes run around attention, and pads kernel "
-        "shapes to tile multiples where a family supports padding. Use when the plan's layout is host_transpose."
+        "Keeps activations sequence-first end to end so no host transposes run around attention (the paper's "
+        "seq-first layout). Padding to tile multiples needs no plan change here: family default configs already "
+        "pad shapes that do not tile (GEMM, eltwise), and tuned configs are checked legal at every prompt length. "
+        "Use when the plan's layout is host_transpose."
     )
-    purpose = "Removes host transposes (the paper's seq-first layout) and shape mismatches that force host work."
+    purpose = "Removes the host transposes around attention that an unaligned layout forces."
     commands = _cmd("align-layouts")
     gate_text = _GATE
     inputs = (_WS,)

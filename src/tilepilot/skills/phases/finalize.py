@@ -62,6 +62,8 @@ def _perf_lessons(ctx) -> list[dict[str, Any]]:
                 out.append(
                     {
                         "kind": "optimization",
+                        "model": ctx.spec.name or ctx.spec.architecture,
+                        "family": ctx.spec.family,
                         "skill": s["skill"],
                         "stage": row.get("target"),
                         "change": row.get("change"),
