@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from tilepilot.errors import TilepilotError
+# Before torch is imported (commands import it lazily): OpenMP threads that sleep when idle instead of
+# spinning. On a 2-core machine shared with other jobs the default active spin made every small bf16 GEMV
+# wait for a descheduled sibling thread: a Qwen2.5-0.5B decode step of the production runner took
+# 1.6-3.3 s instead of 0.4-0.6 s (benchmarks/results/seed_models.md, "host cost"). The user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from tilepilot.errors import TilepilotError  # noqa: E402
 
 # sub-command name -> module under tilepilot.commands; imported lazily so `--help` stays fast.
 COMMANDS = ("zoo", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "skills")
