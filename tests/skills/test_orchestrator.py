@@ -155,3 +155,17 @@ def test_evaluator_fail_is_final(tmp_path, fake_debuggers):
     phases = [_phase(0, "p-zero"), _phase(1, "p-eval", verdict="FAIL", evidence=STALE, repairable=False)]
     s = O.Orchestrator(ctx, phases).run()
     assert s.verdict == "FAIL" and ctx.runs == ["p-zero", "p-eval"] and s.phases[1].status == "failed"
+
+
+def test_a_crashing_phase_is_reported_not_raised(tmp_path, fake_debuggers):
+    def run(self, ctx):
+        raise ValueError("kernel family exploded")
+
+    crash = type(
+        "Crash",
+        (PhaseSkill,),
+        {"name": "p-crash", "phase": 0, "description": "Crashes. Use when testing.", "purpose": "t",
+         "commands": ("tilepilot deploy M --out W",), "run": run},
+    )  # fmt: skip
+    s = O.Orchestrator(FakeCtx(tmp_path), [crash]).run()
+    assert s.verdict == "needs-human-review" and "raised ValueError: kernel family exploded" in s.review

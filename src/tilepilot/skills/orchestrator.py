@@ -71,6 +71,21 @@ def _noop(kind: str, outcome: PhaseOutcome, message: str) -> None:
     return None
 
 
+def _run_guarded(cls: type[PhaseSkill], ctx: DeployContext) -> SkillResult:
+    """Run a phase; an exception becomes a failed result (with validator codes when it carries them) so the
+    chain classifies it like any failure and stops with a summary instead of a traceback."""
+    try:
+        return cls().run(ctx)
+    except Exception as e:  # noqa: BLE001 - any phase crash is a finding to report, not a reason to die
+        codes = list(getattr(e, "codes", []) or [])
+        return SkillResult(
+            skill=cls.name,
+            status="failed",
+            summary=f"the phase raised {type(e).__name__}: {e}",
+            evidence={"validator_codes": codes, "error": f"{type(e).__name__}: {e}"},
+        )
+
+
 class Orchestrator:
     """Runs the phase chain on one workspace; phases and the hook are injectable for tests."""
 
@@ -108,7 +123,7 @@ class Orchestrator:
             self.on_event("start", outcome, f"attempt {outcome.attempts}")
             j.progress(f"phase {cls.phase} `{cls.name}` attempt {outcome.attempts} started")
             t0 = time.perf_counter()
-            result = cls().run(self.ctx)
+            result = _run_guarded(cls, self.ctx)
             secs = time.perf_counter() - t0
             outcome.seconds += secs
             j.phase_time(cls.phase, cls.name, outcome.attempts, result.status, secs)
