@@ -156,11 +156,11 @@ class ZooModel:
     def spec(self, layers: int | None = None) -> ModelSpec:
         return spec_from_config(self.hf_config(layers), name=self.name)
 
-    def live_vocab(self) -> LiveVocab:
+    def live_vocab(self, vocab: int | None = None) -> LiveVocab:
         """The ids the zoo tokenizer of this model can produce (they get full-size embedding rows)."""
         layout = LAYOUTS[self.tokenizer]
         specials = {i for i, _ in layout.specials}
-        ids = token_ids(layout, self.config["vocab_size"])
+        ids = token_ids(layout, vocab or self.config["vocab_size"])
         return LiveVocab(
             ordinary=tuple(sorted(i for i in ids.values() if i not in specials)), special=tuple(sorted(specials))
         )
@@ -299,17 +299,21 @@ def write_zoo_model(
     dtype: str = "bfloat16",
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: ProgressFn | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write a complete Hugging Face model directory for zoo model ``name`` and return its path.
 
     The directory must not exist yet (or be empty): the model is assembled next to it and renamed into
     place, so a crash or Ctrl-C never leaves a directory that looks like a model but is not one.
+    ``overrides`` replaces config.json fields (e.g. a small ``hidden_size`` for fast tests of the
+    writer itself); the result is then no longer the published model.
     """
     model = get_zoo_model(name)
     torch_dtype = dtype_from_name(dtype)
     dtype_name = _DTYPE_NAMES[torch_dtype]
     out = check_out_dir(out_dir)
-    cfg = model.hf_config(layers, dtype_name)
+    cfg = {**model.hf_config(layers, dtype_name), **(overrides or {})}
     spec = spec_from_config(cfg, name=model.name)
     layout = LAYOUTS[model.tokenizer]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -320,7 +324,7 @@ def write_zoo_model(
         _write_json(tmp / "generation_config.json", gen)
         _write_json(tmp / "tokenizer.json", tokenizer_json(layout, spec.vocab))
         _write_json(tmp / "tokenizer_config.json", tokenizer_config_json(layout, spec.max_positions))
-        _write_weights(tmp, spec, torch_dtype, seed, shard_bytes, model.live_vocab(), progress)
+        _write_weights(tmp, spec, torch_dtype, seed, shard_bytes, model.live_vocab(spec.vocab), progress)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
