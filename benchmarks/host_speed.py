@@ -128,11 +128,14 @@ def _run_side(side: str, model_dir: Path, args) -> dict:
         "--plan",
         args.plan,
     ]
+    load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{side} side failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    res = json.loads(lines[-1][len("RESULT ") :])
+    res["loadavg_1min"] = [load_before, os.getloadavg()[0]]  # other processes compete for the 2 cores
+    return res
 
 
 def _report(tp: dict, hf: dict, args, write_s: float) -> None:
@@ -152,6 +155,9 @@ def _report(tp: dict, hf: dict, args, write_s: float) -> None:
     print(f"decode speed ratio tilepilot / transformers = {speed:.2f} (target >= 1.00)")
     print(f"tilepilot peak RSS / bf16 weights = {rss_ratio:.2f} (target <= {TARGET_RSS_RATIO})")
     print(f"greedy tokens identical at {agree}/{len(hf['tokens'])} positions (both bf16; information only)")
+    for r in (tp, hf):
+        lo, hi = r["loadavg_1min"]
+        print(f"host load average (1 min) around the {r['side']} run: {lo:.1f} -> {hi:.1f}")
 
 
 def main() -> None:
