@@ -45,3 +45,12 @@ def test_attention_matches_oracle_prefill_and_decode():
     close(host_ops.attention(q, k, v, start, h, kvh, d), ref.reshape(t, -1))
     one = ops.attention(q[:1].reshape(1, h, d), k.reshape(length, kvh, d), v.reshape(length, kvh, d), q_start=8)
     close(host_ops.attention(q[:1], k, v, 8, h, kvh, d), one.reshape(1, -1))
+
+
+def test_long_prefill_attention_is_blocked_and_equal():
+    from tilepilot.runner.host_ops import ATTENTION_QUERY_BLOCK
+
+    t, h, kvh, d = ATTENTION_QUERY_BLOCK + 37, 4, 2, 8
+    q, k, v = bf(t, h * d), bf(t, kvh * d), bf(t, kvh * d)
+    ref = ops.attention(q.reshape(t, h, d), k.reshape(t, kvh, d), v.reshape(t, kvh, d), q_start=0)
+    close(host_ops.attention(q, k, v, 0, h, kvh, d), ref.reshape(t, -1))

@@ -55,18 +55,30 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -
     return out.reshape(t, -1).to(BF16)
 
 
+ATTENTION_QUERY_BLOCK = 256  # query rows per score block: bounds the [kv_heads, group*rows, L] fp32 scores
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, n_heads: int, n_kv_heads: int, head_dim: int
 ) -> torch.Tensor:
     """Causal GQA attention of T queries at positions ``start..start+T-1`` over L cached keys, fp32 inside."""
     t, length = q.shape[0], k.shape[0]
+    kh = k.float().reshape(length, n_kv_heads, head_dim).permute(1, 2, 0)
+    vh = v.float().reshape(length, n_kv_heads, head_dim).transpose(0, 1)
+    out = torch.empty(t, n_heads * head_dim, dtype=BF16)
+    for lo in range(0, t, ATTENTION_QUERY_BLOCK):
+        hi = min(t, lo + ATTENTION_QUERY_BLOCK)
+        out[lo:hi] = _attention_block(q[lo:hi], kh, vh, start + lo, n_heads, n_kv_heads, head_dim)
+    return out
+
+
+def _attention_block(q, kh, vh, start: int, n_heads: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+    t, length = q.shape[0], kh.shape[-1]
     group = n_heads // n_kv_heads
     # queries grouped under their KV head: [kv_heads, group * T, d] (row order (g, t)); no repeat of K/V
     qh = q.float().reshape(t, n_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(n_kv_heads, group * t, head_dim)
-    kh = k.float().reshape(length, n_kv_heads, head_dim).permute(1, 2, 0)
-    vh = v.float().reshape(length, n_kv_heads, head_dim).transpose(0, 1)
     scores = torch.matmul(qh, kh) * (1.0 / math.sqrt(head_dim))
-    if t > 1:
+    if start + t < length or t > 1:
         qpos = torch.arange(start, start + t).repeat(group)
         scores = scores.masked_fill(torch.arange(length)[None, :] > qpos[:, None], float("-inf"))
     ctx = torch.matmul(torch.softmax(scores, dim=-1), vh)
