@@ -47,6 +47,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="N",
         help="configs the tile tuner times per new kernel shape (default 24; the registry makes repeats lookups)",
     )
+    p.add_argument(
+        "--try-bfp16",
+        action="store_true",
+        help="let vectorized-variants try block-FP16 matrix kernels (slow to simulate on the host)",
+    )
     return p
 
 
@@ -94,7 +99,7 @@ def run(args) -> int:
             err.print(f"{label}: {mark} in {outcome.seconds:.1f} s (host, measured) — {message}")
 
     knowledge = args.knowledge if args.knowledge is not None else default_knowledge_dir()
-    settings = Settings(knowledge_dir=knowledge)
+    settings = Settings(knowledge_dir=knowledge, try_bfp16=args.try_bfp16)
     if args.tune_candidates is not None:
         if args.tune_candidates < 1:
             from tilepilot.errors import InputError

@@ -70,9 +70,10 @@ def set_config(plan, call: CallRef, config: dict[str, Any]) -> None:
 class VectorizedVariants(PlanOptimization):
     name = "vectorized-variants"
     description = (
-        "Switches kernels running a scalar variant to the vectorized (AIE MMUL/vector unit) variant, then tries the "
-        "block-FP16 matrix mode (8x8x8 MACs, twice the bf16 peak) on GEMM/GEMV/LM-head calls, keeping each only "
-        "if modeled time drops and the full-model gate still passes. Use after the plan's structure is settled."
+        "Switches kernels running a scalar variant to the vectorized (AIE MMUL/vector unit) variant and, when "
+        "enabled (--try-bfp16), tries the block-FP16 matrix mode (8x8x8 MACs, twice the bf16 peak) on GEMM/GEMV/"
+        "LM-head calls, keeping each only if modeled time drops and the full-model gate still passes. Use after "
+        "the plan's structure is settled."
     )
     purpose = "Uses the array's fast arithmetic; the gate decides whether block-FP16 accuracy is good enough."
     commands = ("tilepilot skills run vectorized-variants WORKSPACE --json",)
@@ -108,6 +109,8 @@ class VectorizedVariants(PlanOptimization):
         new, changed = self._with_variant(ctx, stage, all_families, "vector", only_from="scalar")
         if changed:
             yield Proposal(new, f"{stage}: vector variant for {', '.join(changed)}")
+        if not ctx.settings.try_bfp16:
+            return
         new, changed = self._with_variant(ctx, stage, MATRIX_FAMILIES, "bfp16", only_from="vector")
         if changed:
             yield Proposal(new, f"{stage}: block-FP16 matrix mode for {', '.join(changed)}")

@@ -1,0 +1,93 @@
+"""Optimization skills as plan edits, and the keep-or-revert rule (strictly faster and still correct)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from faults import set_op_config
+
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.skills.optimize import common
+from tilepilot.skills.optimize.common import Proposal, clone, try_proposal
+from tilepilot.skills.optimize.fusion import FuseBiasAndQkNorm, MergeLaunches, merge_groups
+from tilepilot.skills.optimize.kernels import VectorizedVariants
+from tilepilot.skills.optimize.placement import _to_npu
+
+
+def test_merge_groups_keeps_call_order(fresh_ctx):
+    ctx = fresh_ctx()
+    block = ctx.plan.prefill.block
+    merged = merge_groups(block, 1, 3)
+    assert len(merged) == len(block) - 2
+    assert [c.op for g in merged for c in g.calls] == [c.op for g in block for c in g.calls]
+    assert merged[1].name == "q_proj..v_proj"
+
+
+def test_fuse_bias_and_qk_norm_only_where_the_model_has_them(fresh_ctx):
+    for family, expect in (("qwen2", ["q_bias", "k_bias", "v_bias"]), ("qwen3", ["q_norm", "k_norm"]), ("llama", None)):
+        ctx = fresh_ctx(family)
+        props = list(FuseBiasAndQkNorm().proposals(ctx.plan, ctx, "prefill"))
+        if expect is None:
+            assert props == []
+            continue
+        (p,) = props
+        group = next(g for g in p.plan.prefill.block if "q_proj" in g.ops)
+        assert all(op in group.ops for op in ["q_proj", "k_proj", "v_proj", *expect])
+
+
+def test_placement_moves_decode_attention_with_its_kv_writes(fresh_ctx):
+    ctx = fresh_ctx()
+    new, moved = _to_npu(ctx.plan, "decode", ("kv_write", "attention"))
+    assert sorted(moved) == ["attention", "kv_write"]
+    g = {x.name: x for x in new.decode.block}
+    assert g["attention"].where == "npu" and g["attention"].calls[0].family == "attention"
+    assert g["kv_write"].calls[0].family == "kv_cache"
+
+
+def test_merge_launches_reaches_fewer_dispatches_than_paper_like(fresh_ctx):
+    ctx = fresh_ctx()
+    ctx.save_plan(paper_like_plan(ctx.spec))
+    (p,) = MergeLaunches().proposals(ctx.plan, ctx, "prefill")
+    assert p.plan.dispatches_per_layer("prefill") < 3
+    assert ctx.timing(p.plan).ttft_s < ctx.timing(ctx.plan).ttft_s
+
+
+def test_vectorized_variants_and_opt_in_block_fp16(fresh_ctx):
+    from tilepilot.plan.bind import family_module
+    from tilepilot.skills.debug.probes import call_shape, plan_calls
+
+    ctx = fresh_ctx()
+    call = next(c for c in plan_calls(ctx.plan) if c.stage == "decode" and c.op == "down_proj")
+    mod = family_module(call.family)
+    cfg = mod.default_config(call_shape(ctx.spec, call, 1, ctx.settings.gate_prompt_len + 1))
+    set_op_config(ctx, "decode", "down_proj", replace(cfg, variant="scalar"))
+    props = list(VectorizedVariants().proposals(ctx.plan, ctx, "decode"))
+    assert [p.change for p in props] == ["decode: vector variant for down_proj"]
+    ctx2 = fresh_ctx("qwen2", try_bfp16=True)
+    changes = [p.change for p in VectorizedVariants().proposals(ctx2.plan, ctx2, "decode")]
+    assert changes and "block-FP16" in changes[0]
+
+
+def test_keep_or_revert(fresh_ctx, monkeypatch):
+    ctx = fresh_ctx()
+    same = Proposal(clone(ctx.plan), "nothing really")
+    row = try_proposal(ctx, "probe-skill", "prefill", same)
+    assert row["decision"].startswith("rejected: not faster") and row["gate"] == "not run"
+    faster = clone(ctx.plan)
+    faster.host.weights = "preloaded"
+
+    class Failing:
+        passed = False
+        failures = ["logits.cosine = 0.5 violates logits.cosine >= 0.99"]
+
+    import tilepilot.skills.phases.model as model_phase
+
+    monkeypatch.setattr(model_phase, "model_gate", lambda ctx, plan: (Failing(), {}))
+    row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
+    assert row["decision"].startswith("rejected: gate failed") and ctx.plan.host.weights == "per_call"
+    monkeypatch.undo()
+    row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
+    assert row["decision"] == "applied" and ctx.plan.host.weights == "preloaded"
+    traj = (ctx.root / "perf_opt_traj.md").read_text()
+    assert traj.count("| probe-skill |") == 3 and "| applied |" in traj
+    assert common.SAME_TIME_RTOL < 1e-6
