@@ -30,8 +30,7 @@ def test_deploy_reaches_pass_and_beats_both_baselines(deployment, family):
     before, after, paper = perf["before"], perf["after"], perf["paper_like"]
     assert after["ttft_s"] < before["ttft_s"] and after["decode_ms_per_token"] < before["decode_ms_per_token"]
     assert after["ttft_s"] < paper["ttft_s"] and after["decode_ms_per_token"] < paper["decode_ms_per_token"]
-    assert after["dispatches_per_layer"]["prefill"] <= paper["dispatches_per_layer"]["prefill"]
-    assert after["dispatches_per_layer"]["decode"] < before["dispatches_per_layer"]["decode"]
+    # dispatch counts are not asserted: whether merging launches pays is the calibration's call (see test_optimize)
     # the journal
     ws = d.workspace
     for name in (*J.DOCUMENTS, J.EVALUATION, J.DEPLOYMENT):
@@ -39,7 +38,7 @@ def test_deploy_reaches_pass_and_beats_both_baselines(deployment, family):
     assert sorted(p.stem for p in (ws / J.GATES_DIR).glob("*.json")) == sorted(p.name for p in registry.phases())
     assert (ws / J.TODO).read_text().count("[x]") == 8
     traj = (ws / J.PERF_TRAJ).read_text()
-    assert "| applied |" in traj and "merge-launches" in traj
+    assert "| applied |" in traj
     gate = json.loads((ws / J.GATES_DIR / "full-model-validation.json").read_text())
     assert gate["passed"] and gate["measurements"]["logits.cosine"] >= 0.99 and gate["thresholds"]
 

@@ -21,6 +21,8 @@ STAGE_METRIC = {"prefill": "ttft_s", "decode": "decode_s_per_token"}
 # "The other stage is not slower" allows float summation noise between two dry runs of the same groups; the
 # targeted stage must still drop strictly (no tolerance there).
 SAME_TIME_RTOL = 1e-9
+# A plan changed by an optimization skill is no longer the built-in plan it started from.
+OPTIMIZED_PLAN_NAME = "optimized"
 
 
 @dataclass
@@ -133,6 +135,7 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
             report, _ = model_gate(ctx, prop.plan)
             row["gate"] = "passed" if report.passed else "failed"
             if report.passed:
+                prop.plan.name = OPTIMIZED_PLAN_NAME
                 ctx.save_plan(prop.plan)
                 row["decision"] = "applied"
             else:
