@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from faults import set_op_config
 
-from tilepilot.plan.builtin import paper_like_plan
 from tilepilot.skills.optimize import common
 from tilepilot.skills.optimize.common import Proposal, clone, try_proposal
 from tilepilot.skills.optimize.fusion import FuseBiasAndQkNorm, MergeLaunches, merge_groups
