@@ -203,11 +203,17 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     out["gate_evidence"] = {k: ev[k] for k in ("layer_cosine", "call_cosine", "greedy", "nonfinite")}
 
     # 3. the plan re-timed (modeled)
+    from tilepilot.kernels.tuning import timing_key
     from tilepilot.plan.timing import time_plan
     from tilepilot.skills.context import TIMING_PROMPT_LEN, perf_figures
 
     t = time_plan(plan, spec, prompt_len=TIMING_PROMPT_LEN)
-    out["timing"] = {"prompt_len": TIMING_PROMPT_LEN, **perf_figures(plan, t), "clock": "modeled"}
+    out["timing"] = {
+        "prompt_len": TIMING_PROMPT_LEN,
+        **perf_figures(plan, t),
+        "clock": "modeled",
+        "calibration_key": timing_key(),
+    }
     return out
 
 
@@ -352,6 +358,20 @@ def judge(measured: dict[str, Any], journal: Journal, spec) -> tuple[list[Check]
     claims["performance"] = claimed
     t = measured["timing"]
     bad, warn = [], []
+    key_then, key_now = claimed.get("calibration_key"), t["calibration_key"]
+    if key_then is not None and key_then != key_now:
+        # The timing model's constants changed since the claims were made: they cannot be checked to the model's
+        # precision, only reported next to the re-timed figures.
+        checks.append(
+            Check(
+                "performance-claims",
+                "warn",
+                f"claims were modeled under calibration {key_then}, the timing model is now {key_now}: re-timed "
+                f"TTFT {t['ttft_s']:.6g} s and decode {t['decode_ms_per_token']:.6g} ms/token (modeled) replace "
+                f"the claimed {claimed.get('ttft_s')} s and {claimed.get('decode_ms_per_token')} ms/token",
+            )
+        )
+        return checks, claims
     parts = (
         ("ttft_s", "ttft_cpu_measured_s", 1.0, "TTFT", "s"),
         ("decode_ms_per_token", "decode_cpu_measured_ms", 1.0, "decode", "ms/token"),

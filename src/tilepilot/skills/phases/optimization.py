@@ -37,6 +37,7 @@ class _OptimizationPhase(PhaseSkill):
     def run(self, ctx):
         from tilepilot.gates import thresholds as T
         from tilepilot.gates.gate import Gate, Threshold
+        from tilepilot.kernels.tuning import timing_key
         from tilepilot.skills import registry
         from tilepilot.skills.phases.model import model_gate
 
@@ -79,7 +80,11 @@ class _OptimizationPhase(PhaseSkill):
             after=after,
             skills=skills,
             claims={
-                k: after[k] for k in ("ttft_s", "decode_ms_per_token", "ttft_cpu_measured_s", "decode_cpu_measured_ms")
+                **{
+                    k: after[k]
+                    for k in ("ttft_s", "decode_ms_per_token", "ttft_cpu_measured_s", "decode_cpu_measured_ms")
+                },
+                "calibration_key": timing_key(),
             },
         )
         label = "TTFT" if self.stage == "prefill" else "decode"
