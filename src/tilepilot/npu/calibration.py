@@ -29,14 +29,25 @@ from tilepilot.npu.device import DDR_BYTES_PER_S_THEORETICAL, Device
 # The numbers are what fraction of the variant's peak rate (MACs/cycle or vector ops/cycle) the tile
 # kernel sustains inside its loop, loop overhead excluded.
 _EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (  # sorted by family name
-    # ESTIMATE: elementwise add/mul keep up with DMA (npu2_kernel_measurements.json "eltwise_add" is DDR-bound).
+    # FITTED by tilepilot.npu.calibrate_against.fit_all (two-stage coordinate search, docs/calibration.md) to the
+    # 133 rows of npu2_kernel_measurements.json (per-kernel stage) and then jointly with the Llama-3.2-1B figures of
+    # published.json (end-to-end stage: attention and gemv). Each entry names the rows that determine it.
+    # attention: the 2 FlashAttention rows (15.4-16.1 ms, 35.0 ms) and the paper-like flash_attn group (21.6 ms per
+    # layer), which pull apart (kernel 1.17-1.23x, group 0.90x); AIR keeps softmax state in bf16, we in fp32.
+    ("attention", 0.0884),
+    # eltwise: the residual-add rows are DDR-bound; the fit leaves the estimate (0.5) where it was.
     ("eltwise", 0.5),
-    # FITTED by hand (grid 0.18-0.30, loop_overhead_cycles 100-500, with shim_channel_bytes_per_s) to the 25
-    # bf16-output "drain"/"direct" GEMM rows of npu2_kernel_measurements.json, each timed as
-    # kernels.gemm.make_design with the row's tile_m/tile_k and the largest tile_n <= the row's that fits L1
-    # without padding N: median |modeled/measured - 1| = 15 %, ratios 0.72-1.43. (AIR's best GEMMs reach 24-33 %
-    # of the 29.5 TFLOP/s peak end to end.)
-    ("gemm", 0.20),
+    # gemm: the 64 GEMM rows (drain / fused-cast / direct / f32), median |err| 20 %, ratios 0.64-1.58.
+    ("gemm", 0.25),
+    # gemv: the 30 GEMV rows and the LM head (13.6 ms): AIR's matrix-vector kernel sustains ~1.4 MAC/cycle per tile
+    # (a one-row product cannot fill the 4x8x8 MMUL); its rows are kernel-bound at ~30-33 GB/s over 8 tiles.
+    ("gemv", 0.005524),
+    # rmsnorm: the 7 RMSNorm rows (18-25 GB/s, "kernel-bound, not DDR-bound" per their authors).
+    ("rmsnorm", 0.1051),
+    # rope: the 12 RoPE rows.
+    ("rope", 0.1768),
+    # swiglu: the 10 SiLU x mul rows (~22-25 GB/s, kernel-bound).
+    ("swiglu", 0.25),
 )
 
 
@@ -52,31 +63,30 @@ class Calibration:
     vector_ops_per_cycle: float = 16.0
 
     # --- fitted: dispatch -------------------------------------------------------------------------------------------
-    # Host round trip of one dispatch (kernel() + wait() through XRT, run-list setup). FITTED by hand to the
-    # intercept of latency vs bytes over the four eltwise_add rows N=1M..8M of npu2_kernel_measurements.json
-    # (latency ~= 86 us + bytes / 70.7 GB/s, i.e. 78.5 us + 8 tiles x tile_config_s); consistent with "tiny
-    # launches floored at ~80-115 us" there and with empty/trivial XRT kernels at 45-60 us plus a harness
-    # (xdna2.md: mlir-aie #2381, XRT #9018).
-    dispatch_overhead_s: float = 78.5e-6
+    # Host round trip of one dispatch (kernel() + wait() through XRT, run-list setup). FITTED by
+    # calibrate_against.fit_all (per-kernel stage, all 133 rows of npu2_kernel_measurements.json; the launch floor of
+    # the small rows sets it), from the hand fit 78.5 us (eltwise_add intercept). Consistent with "tiny launches
+    # floored at ~80-115 us" and with empty/trivial XRT kernels at 45-60 us (xdna2.md: mlir-aie #2381, XRT #9018).
+    dispatch_overhead_s: float = 66.01e-6
     # Configuring one tile for a launch (core program, BDs, locks, switch routes), per compute tile with a worker
-    # and per memory tile with a link. ESTIMATE from the two launch floors of npu2_kernel_measurements.json:
-    # GEMM (32 workers + 8 mem tiles) floors at ~116 us, eltwise (8 workers) at ~86 us -> (116-86)/32 ~ 0.94 us.
-    tile_config_s: float = 0.94e-6
+    # and per memory tile with a link. FITTED by calibrate_against.fit_all (per-kernel stage: the GEMM launches, 32
+    # workers + 8 memory tiles, floor at ~116 us against ~86 us for 8-tile streaming kernels); hand estimate 0.94 us.
+    tile_config_s: float = 2.236e-6
     # Extra cost of each launch after the first inside one multi-launch dispatch (reconfigure cores, BDs,
-    # switches). ESTIMATE from AIR's decode layer (xdna2.md): o_gemv_ffn = 3.6 ms for 8 fused launches whose
-    # kernels' own time adds up to ~3.2 ms -> ~50 us per launch.
-    launch_in_group_s: float = 50e-6
+    # switches). FITTED by calibrate_against.fit_all (end-to-end stage: AIR's fused groups rms_gemms_rope 7.3 ms with
+    # 6 launches and o_ffn 41.0 ms with 8, xdna2.md), constrained below dispatch_overhead_s (a launch inside a
+    # dispatch skips the host round trip); the first estimate was 50 us from o_gemv_ffn.
+    launch_in_group_s: float = 59.46e-6
 
     # --- fitted: memory --------------------------------------------------------------------------------------------
     # Usable NPU share of DDR bandwidth, reads + writes together. FITTED by hand to the slope of the same four
     # eltwise_add rows (70.7 GB/s); xdna2.md: streaming kernels reach >= ~60 GB/s; physical ceiling 120 GB/s.
     ddr_bytes_per_s: float = 70e9
     # What one shim DMA channel sustains to or from DDR: outstanding NoC requests x DDR latency cap it below the
-    # 14.4 GB/s stream port. Evidence (xdna2.md): AIR's best GEMVs (8 weight streams) plateau at 30-33 GB/s, "half
-    # of what DDR allows", i.e. ~4 GB/s per stream. FITTED by hand jointly with the gemm efficiency (grid 4-6 GB/s)
-    # to the GEMV rows (via kernels.gemv.from_air_tile) and the GEMM rows: 5.0 GB/s gives GEMV median error 13 %
-    # (ratios 0.71-1.12) while keeping GEMM at 15 % (0.72-1.43); eltwise rows stay DDR-bound (2 %).
-    shim_channel_bytes_per_s: float = 5.0e9
+    # 14.4 GB/s stream port. FITTED by calibrate_against.fit_all (per-kernel stage) jointly with the gemm and gemv
+    # efficiencies: the GEMM rows' A/W streams need ~6 GB/s per channel, and at that rate the GEMV rows are
+    # kernel-bound (see _EFFICIENCY_TABLE). The first hand fit (5.0 GB/s) made GEMVs channel-bound instead.
+    shim_channel_bytes_per_s: float = 5.946e9
     # Fixed latency of one DMA hop (BD fetch, lock hand-off, DDR access latency) paid when a pipeline fills or
     # drains. ESTIMATE (~0.3 us per hop); only matters for small launches.
     dma_hop_latency_cycles: float = 500.0
@@ -99,14 +109,17 @@ class Calibration:
     # once: -240 ms" (xdna2.md) for Llama-3.2-1B prefill: 16 layers x 121.6 MB of block weights = 1.95 GB per
     # pass -> 1.95 GB / 0.240 s = 8.1 GB/s.
     host_copy_bytes_per_s: float = 8.1e9
-    # Fixed cost of one buffer sync (XRT bo.sync ioctl + bookkeeping). ESTIMATE.
-    host_sync_fixed_s: float = 20e-6
+    # Fixed cost of one buffer sync (XRT bo.sync ioctl + bookkeeping). FITTED by calibrate_against.fit_all
+    # (end-to-end stage: IRON's per-call syncs, ~194 dispatches per decode token, 370 ms/token); estimate was 20 us.
+    host_sync_fixed_s: float = 3.536e-6
     # Allocating and mapping one device buffer (XRT bo constructor) when buffers are not reused. ESTIMATE.
     host_alloc_s: float = 50e-6
     # For plans timed analytically (nothing run): a CPU fallback's time is estimated from the bytes it streams.
-    # FITTED to the paper's LM head on the CPU, 258 ms for 525 MB of bf16 weights (xdna2.md) -> ~2.0 GB/s.
-    # When a CPU op really runs, its measured time is used instead (HostCost.cpu_fallback_s).
-    host_cpu_bytes_per_s: float = 2.03e9
+    # When a CPU op really runs, its measured time is used instead (HostCost.cpu_fallback_s). FITTED by
+    # calibrate_against.fit_all (end-to-end stage) to AIR's decode attention on the CPU, ~0.3 ms per layer reading
+    # 4.2 MB of KV at 2048 positions (~14 GB/s). The first value, 2.03 GB/s, came from the CPU LM head (258 ms for
+    # 525 MB, a naive CPU GEMV); one bytes-rate cannot fit both, and the plans compared run attention on the CPU.
+    host_cpu_bytes_per_s: float = 13.66e9
 
     def __post_init__(self) -> None:
         positive = [f.name for f in fields(self) if f.name != "efficiency_table" and getattr(self, f.name) < 0]
