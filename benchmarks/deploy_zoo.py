@@ -30,7 +30,8 @@ def full_model_figures(name: str, deployed_plan) -> dict:
 
     spec = get_zoo_model(name).spec()
     out = {}
-    for label, plan in (("default", default_plan(spec)), ("paper_like", paper_like_plan(spec)), ("deployed", deployed_plan)):
+    plans = (("default", default_plan(spec)), ("paper_like", paper_like_plan(spec)), ("deployed", deployed_plan))
+    for label, plan in plans:
         out[label] = perf_figures(plan, time_plan(plan, spec, prompt_len=2048))
     return out
 
@@ -57,7 +58,8 @@ def main() -> int:
             write_zoo_model(name, model, layers=args.layers)
         ws = work / f"ws-{name}"
         t0 = time.perf_counter()
-        summary = deploy(model, ws, resume=(ws / "deployment.json").exists(), settings=Settings(knowledge_dir=knowledge))
+        resume = (ws / "deployment.json").exists()
+        summary = deploy(model, ws, resume=resume, settings=Settings(knowledge_dir=knowledge))
         wall = time.perf_counter() - t0
         figures = full_model_figures(name, load_workspace(ws).plan) if summary.ok else {}
         rows.append(

@@ -48,6 +48,7 @@ def test_precedence_validator_then_nan_then_stale():
         {"layer_cosine": [0.5, 0.5, 0.5]},  # wrong from the first layer: not growth with depth
         {"partition_cosine": [0.5, 0.5, 0.5, 0.5]},  # every partition wrong: not one partition
         {"position_cosine": [0.5] * 16},  # wrong from position 0
+        {"position_cosine": [GOOD] * 15 + [0.98]},  # a single outlier position: not a positional fault
         {"call_cosine": [0.5, 0.5]},  # first call already wrong: not staleness
         {"rope_position_cosine": [1.0, GOOD, GOOD]},  # RoPE fine
         {"validator_codes": ["TAP_LIMIT"]},  # a validator error no skill repairs

@@ -18,6 +18,7 @@ from faults import (
 
 from tilepilot.skills import classify as C
 from tilepilot.skills.context import RUNTIME_KEY
+from tilepilot.skills.debug.common import probes_now
 from tilepilot.skills.debug.probes import call_shape, plan_calls
 from tilepilot.skills.optimize.placement import _to_npu
 from tilepilot.skills.orchestrator import Orchestrator
@@ -64,7 +65,7 @@ def test_merged_launch_argument_mismatch(fresh_ctx):
     ctx = fresh_ctx()
     ctx.save_plan(paper_like_plan(ctx.spec))
     mod, cfg = _default(ctx, "prefill", "q_proj")
-    set_op_config(ctx, "prefill", "q_proj", replace(cfg, rows=4, tile_m=64, pad=True))  # pads M: [256, N] out
+    set_op_config(ctx, "prefill", "q_proj", replace(cfg, tile_m=32, pad=True))  # pads M: 24 rows -> 64 out
     first = KernelValidation().run(ctx)
     assert not first.ok and C.classify(first.evidence).signature == C.MERGED_LAUNCH_ARGUMENT_MISMATCH
     _deploy_phases(
@@ -102,11 +103,11 @@ def test_one_partition_wrong(fresh_ctx, monkeypatch):
     for stage in ("prefill", "decode"):
         plan, _ = _to_npu(ctx.plan, stage, ("lm_head", "final_norm"))
         ctx.save_plan(plan)
-    bug = shifted_partition(1, 128, 256)
-    with kernel_bug(monkeypatch, "lm_head", lambda c: c.partition_rows == 128, bug):
+    bug = shifted_partition(1, 256, 512)
+    with kernel_bug(monkeypatch, "lm_head", lambda c: c.partition_rows == 256, bug):
         for stage in ("prefill", "decode"):
             cfg = lm_head.default_config(lm_head.Shape(ctx.spec.vocab, ctx.spec.hidden, 1))
-            set_op_config(ctx, stage, "lm_head", replace(cfg, partition_rows=128))
+            set_op_config(ctx, stage, "lm_head", replace(cfg, partition_rows=256))
         first = KernelValidation().run(ctx)
         parts = first.evidence["partition_cosine"]
         assert not first.ok and len(parts) == 4 and sum(p < 0.99 for p in parts) == 1
@@ -138,15 +139,19 @@ def test_late_positions_only(fresh_ctx, monkeypatch):
 
 
 def test_error_growing_with_depth(fresh_ctx, monkeypatch):
+    """A residual-add variant a little noisier than bf16: each kernel passes its own gate, the error compounds."""
     ctx = fresh_ctx(layers=6)
-    with kernel_bug(monkeypatch, "gemm", lambda c: c.acc == "bf16", noisy(0.1)):
-        for op in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-            mod, cfg = _default(ctx, "prefill", op)
-            set_op_config(ctx, "prefill", op, replace(cfg, acc="bf16"))
+    with kernel_bug(monkeypatch, "eltwise", lambda c: c.variant == "scalar", noisy(0.05)):
+        for stage in ("prefill", "decode"):
+            for op in ("resid1", "resid2"):
+                mod, cfg = _default(ctx, stage, op)
+                set_op_config(ctx, stage, op, replace(cfg, variant="scalar"))
+        probes = [p for p in probes_now(ctx) if p.call.family == "eltwise"]
+        assert all(p.ok for p in probes)  # each noisy add alone is within its kernel gate (fast path)
         first = FullModelValidation().run(ctx)
         layers = first.evidence["layer_cosine"]
-        assert not first.ok and layers[0] > layers[-1]
-        assert C.classify(first.evidence).signature == C.ERROR_GROWS_WITH_DEPTH, first.evidence["layer_cosine"]
+        assert not first.ok and layers[0] > 0.99 > layers[-1]
+        assert C.classify(first.evidence).signature == C.ERROR_GROWS_WITH_DEPTH, layers
         _deploy_phases(ctx, [FullModelValidation], C.ERROR_GROWS_WITH_DEPTH, "fix-error-growth")
 
 

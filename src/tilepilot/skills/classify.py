@@ -31,8 +31,10 @@ GOOD_COSINE = 0.99
 # first to the last layer, monotonically within noise (a drop of 0.002 between layers is tolerated).
 DEPTH_DROP_MIN = 0.01
 DEPTH_NOISE = 0.002
-# Late positions only: this fraction of the prompt at the start is good, the tail is bad.
+# Late positions only: this fraction of the prompt at the start is good, and at least this fraction of the rest
+# (and two positions) is bad.
 EARLY_FRACTION = 0.25
+LATE_BAD_FRACTION = 0.25
 
 # Signature names; each is the ``signature`` of exactly one debug skill.
 NAN_INF = "nan-inf"
@@ -137,7 +139,9 @@ def _check_late_positions(ev: dict[str, Any]) -> Diagnosis | None:
         return None
     n_early = max(1, int(len(pos) * EARLY_FRACTION))
     early, late = pos[:n_early], pos[n_early:]
-    if all(_good(c) for c in early) and not all(_good(c) for c in late):
+    n_bad = sum(not _good(c) for c in late)
+    # a fault that depends on position spoils a run of positions; one outlier is not that signature
+    if all(_good(c) for c in early) and n_bad >= max(2, int(len(late) * LATE_BAD_FRACTION)):
         first_bad = n_early + next(i for i, c in enumerate(late) if not _good(c))
         return Diagnosis(
             LATE_POSITIONS_ONLY,

@@ -146,12 +146,14 @@ class DeployContext:
             return
         mine = [x for x in lessons if x.get("family") == spec.family] or lessons
         repairs = [x for x in mine if x.get("signature")]
-        rejected = [x for x in mine if x.get("kind") == "optimization" and x.get("decision") != "applied"]
+        opts = [x for x in mine if x.get("kind") == "optimization"]
         lines = [
             f"- `{x['signature']}` in {x.get('model')}: repaired by `{x['skill']}` ({x['remedy']})" for x in repairs
         ]
         lines += [
-            f"- {x.get('skill')} ({x.get('stage')}) on an earlier model: {x.get('decision')}" for x in rejected[:20]
+            f"- {x.get('model', 'an earlier model')}: `{x.get('skill')}` ({x.get('stage')}) {x.get('change')}: "
+            f"{x.get('decision')}"
+            for x in opts[-30:]
         ]
         if lines:
             self.journal.lesson("From earlier deployments (knowledge directory)", "\n".join(lines))

@@ -8,6 +8,10 @@ from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, NAN_INF
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
 from tilepilot.skills.debug.probes import Probe
 
+# A call counts as less accurate than its family default when its probe's 1 - Pearson exceeds the default's by
+# this factor plus a floor (both far above run-to-run identity: probes are seeded, so equal configs match exactly).
+PRECISION_REGRESSION = 10.0
+PRECISION_FLOOR = 1e-6
 # Numerics a matrix kernel can lose accuracy to, as (config field, reduced value, full value).
 REDUCED_NUMERICS = (("variant", "bfp16", "vector"), ("acc", "bf16", "fp32"))
 
@@ -40,8 +44,9 @@ class FixErrorGrowth(ReconfigureSkill):
     signature = ERROR_GROWS_WITH_DEPTH
     description = (
         "Restores full-precision numerics (bf16 MMUL variant, fp32 accumulation) on matrix kernels that run "
-        "block-FP16 or round partial sums to bf16, and re-configures any call whose probe misses its kernel "
-        "gate. Use when per-layer cosine falls steadily with depth while the first layer is right."
+        "block-FP16 or round partial sums to bf16, and re-configures any call whose probe misses its kernel gate or "
+        "is measurably less accurate than its family default. Use when per-layer cosine falls steadily with depth "
+        "while the first layer is right."
     )
     purpose = "Stops small per-layer errors from compounding into a failing model."
     commands = resume_commands("fix-error-growth")
@@ -59,4 +64,21 @@ class FixErrorGrowth(ReconfigureSkill):
         return p.ok and not _reduced(p.config)
 
     def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:
-        return [p for p in probes if _reduced(p.config) or not p.ok]
+        """Calls on reduced numerics, calls below their kernel gate, and calls measurably less accurate than their
+        family's default config on the same probe inputs: an error small enough to pass one kernel's gate still
+        compounds over dozens of layers."""
+        from tilepilot.skills.debug.probes import probe, stage_rows
+
+        out = []
+        for p in probes:
+            if _reduced(p.config) or not p.ok:
+                out.append(p)
+                continue
+            if not p.call.config:
+                continue  # already the family default
+            rows, context = stage_rows(p.call.stage, ctx.settings.gate_prompt_len)
+            ref = probe(ctx.spec, p.call, rows, context, config={}, seed=ctx.settings.seed, tile=False)
+            err, ref_err = 1.0 - p.measurements.get("pearson", 0.0), 1.0 - ref.measurements.get("pearson", 0.0)
+            if err > PRECISION_REGRESSION * ref_err + PRECISION_FLOOR:
+                out.append(p)
+        return out

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from tilepilot.skills.classify import EARLY_FRACTION, GOOD_COSINE, LATE_POSITIONS_ONLY, ROPE_LAYOUT_MISMATCH
+from tilepilot.skills.classify import (
+    EARLY_FRACTION,
+    GOOD_COSINE,
+    LATE_BAD_FRACTION,
+    LATE_POSITIONS_ONLY,
+    ROPE_LAYOUT_MISMATCH,
+)
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
 from tilepilot.skills.debug.probes import Probe
 
@@ -11,7 +17,8 @@ def _late_only(rows: list[float]) -> bool:
     if len(rows) < 4:
         return False
     n = max(1, int(len(rows) * EARLY_FRACTION))
-    return all(c >= GOOD_COSINE for c in rows[:n]) and not all(c >= GOOD_COSINE for c in rows[n:])
+    n_bad = sum(not c >= GOOD_COSINE for c in rows[n:])
+    return all(c >= GOOD_COSINE for c in rows[:n]) and n_bad >= max(2, int(len(rows[n:]) * LATE_BAD_FRACTION))
 
 
 def _all_rows_good(p: Probe) -> bool:
@@ -58,9 +65,12 @@ class FixRopeLayout(ReconfigureSkill):
         return _all_rows_good(p)
 
     def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:
+        """RoPE instances showing the layout signature, and every other failing RoPE instance of the plan (a
+        decode call rotates one row at a late position, so the position-0/1 pattern cannot show there)."""
         out = []
         for p in probes:
             r = p.row_cosine
-            if p.call.family == "rope" and len(r) > 1 and r[0] >= GOOD_COSINE and not r[1] >= GOOD_COSINE:
+            layout = len(r) > 1 and r[0] >= GOOD_COSINE and not r[1] >= GOOD_COSINE
+            if p.call.family == "rope" and (layout or not p.ok):
                 out.append(p)
         return out

@@ -186,7 +186,9 @@ def probe(
         p.error = f"validator: {', '.join(p.codes)}"
         return p
     gen = torch.Generator().manual_seed(seed)
-    ins, ref_ins = _inputs(design, call.family, spec, gen)
+    # a decode call runs at the last position of its context (RoPE tables there, not at the identity position 0)
+    start = context - rows if call.stage == "decode" else 0
+    ins, ref_ins = _inputs(design, call.family, spec, gen, start)
     out = design.fast(ins)
     ref = _run_reference(mod, ref_ins, shape)
     name = design.outputs[0].name
