@@ -120,6 +120,7 @@ def _ratio(r: float | None, bad: bool) -> str:
 
 def _print(report: ca.CalibrationReport, rows: bool) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -163,9 +164,8 @@ def _print(report: ca.CalibrationReport, rows: bool) -> None:
         console.print(d)
     for lim in report.limits:
         status = "ok" if lim.ok else "[red]FAIL[/]"
-        console.print(
-            f"limit {lim.key}: {lim.description} -> validator {', '.join(lim.codes) or 'accepts it'} [{status}]"
-        )
+        codes = ", ".join(lim.codes) or "accepts it"
+        console.print(f"limit {lim.key}: {escape(lim.description)} -> validator {codes} \\[{status}]")
     failures = report.failures()
     if failures:
         console.print("[red]tolerances not met:[/]")
