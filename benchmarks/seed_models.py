@@ -428,17 +428,21 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             if ph["name"] not in phase_names:
                 phase_names.append(ph["name"])
     if phase_names:
-        L.append("| model | " + " | ".join(phase_names) + " | total |")
-        L.append("|---|" + "---:|" * (len(phase_names) + 1))
+        L.append("| model | " + " | ".join(phase_names) + " | total | load avg start/end |")
+        L.append("|---|" + "---:|" * (len(phase_names) + 2))
         for r in rows:
             phs = {ph["name"]: ph for ph in r.get("phases") or []}
             if not phs:
                 continue
             cells = [_f(phs.get(n, {}).get("seconds"), ".0f") if n in phs else "—" for n in phase_names]
-            L.append(f"| {r['model']} | " + " | ".join(cells) + f" | {r['deploy']['wall_s']:.0f} |")
+            dep = r["deploy"]
+            load = f"{(dep.get('load_avg_before') or [0])[0]:.1f} / {(dep.get('load_avg_after') or [0])[0]:.1f}"
+            L.append(f"| {r['model']} | " + " | ".join(cells) + f" | {dep['wall_s']:.0f} | {load} |")
     L += [
         "",
-        "Totals are the deploy subprocess's wall-clock (measured), including process start and checkpoint loading.",
+        "Totals are the deploy subprocess's wall-clock (measured), including process start and checkpoint loading. "
+        "The load average is the machine's 1-minute load when the deploy started and ended (2 cores: a load of 6 "
+        "means each runnable process got about a third of a core).",
         "",
     ]
     return "\n".join(L)
