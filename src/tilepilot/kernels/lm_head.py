@@ -109,13 +109,13 @@ class HeadGroup(MultiLaunchGroup):
         x, w = inputs["x"], inputs["w"]
         out = []
         for d, (start, stop) in zip(self.designs, self.ranges, strict=True):
-            w_rows = d.tensor(_w_name(d)).shape[0]
+            w_rows = d.tensor("w").shape[0]
             part = w[start:stop]
             if w_rows != stop - start:
                 pad = torch.zeros((w_rows, w.shape[1]), dtype=w.dtype)
                 pad[: stop - start] = part
                 part = pad
-            out.append({_x_name(d): x, _w_name(d): part})
+            out.append({_x_name(d): x, "w": part})
         return out
 
     def group_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -143,11 +143,8 @@ class HeadGroup(MultiLaunchGroup):
 
 
 def _x_name(d: Design) -> str:
+    """The activation's tensor name in a partition launch (GEMV "x", GEMM "a"; both call the weight "w")."""
     return "x" if d.meta.get("family") == "gemv" else "a"
-
-
-def _w_name(d: Design) -> str:
-    return "w"
 
 
 def _y_name(d: Design) -> str:
@@ -302,5 +299,6 @@ def default_config(shape: Shape, device: Device | None = None) -> Config:
 
 
 def _padded_rows_for_default(rows: int) -> int:
-    # the default GEMV tiling is chosen for a full partition rounded to 8 columns x 16 rows
+    """A partition's rows rounded up to the GEMV default's largest block (8 columns x 16 rows per call), so a small
+    or ragged vocabulary still gets the default tiling (its last partition is zero-padded)."""
     return -(-rows // 128) * 128
