@@ -1,6 +1,7 @@
-"""Zoo weights: the greedy path is confident, non-degenerate and survives bf16; the generation is reproducible.
+"""Zoo weights: the planted circuit works in transformers' own implementation, the greedy path is confident,
+non-degenerate and survives bf16, and the generation is reproducible.
 
-The bounds here are the ones docs/zoo.md states; the measured values are printed there.
+The bounds here are the ones docs/zoo.md states; the measured values are listed there.
 """
 
 import statistics
@@ -10,15 +11,11 @@ import pytest
 import torch
 
 from tilepilot.model.zoo import ZOO, get_zoo_model
-from tilepilot.model.zoo_weights import (
-    WeightScheme,
-    generate_tensor,
-    memory_neurons,
-    successors,
-)
+from tilepilot.model.zoo_weights import WeightScheme, generate_tensor, prev_heads, successors
 
-MARGIN_MEDIAN_MIN = 3.0  # logits; measured medians are 6-7 on every zoo model
-TOP1_MEDIAN_RANGE = (0.5, 0.99)  # confident, not one-hot (measured ~0.8)
+MARGIN_MEDIAN_MIN = 4.0  # logits; docs/zoo.md lists measured medians of 5.5-7.5
+MARGIN_MIN = 1.0  # smallest top1-top2 gap on any step (measured >= 2)
+TOP1_MEDIAN_RANGE = (0.5, 0.995)  # confident, not one-hot (measured 0.7-0.95)
 PROMPTS = ["The river rises in the mountains", "Good writing is clear writing.", "12:30 on platform four"]
 STEPS = 24
 
@@ -55,26 +52,31 @@ def test_greedy_is_confident_varied_and_survives_bf16(zoo_model, name):
 
     d = zoo_model(name, layers=1)
     tok = Tokenizer.from_dir(d)
+    succ = successors(get_zoo_model(name).live_vocab(), 0)
     fp32 = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     bf16 = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
     margins, top1 = [], []
     with _one_thread():
-        _check_prompts(tok, fp32, bf16, margins, top1)
+        _check_prompts(tok, fp32, bf16, margins, top1, succ)
     assert statistics.median(margins) > MARGIN_MEDIAN_MIN
     assert TOP1_MEDIAN_RANGE[0] < statistics.median(top1) < TOP1_MEDIAN_RANGE[1]
 
 
 @torch.no_grad()
-def _check_prompts(tok, fp32, bf16, margins, top1):
+def _check_prompts(tok, fp32, bf16, margins, top1, succ):
     for text in PROMPTS:
         ids = tok.encode(text)
         ref, m, p = _greedy(fp32, ids, STEPS)
+        seq = ids + ref
+        # the planted circuit, run by transformers: each greedy token is succ(token two positions back)
+        assert all(seq[len(ids) + i] == succ[seq[len(ids) + i - 2]] for i in range(STEPS))
         margins += m
         top1 += p
         assert len(set(ref)) == STEPS, "the greedy walk must not repeat within 24 steps"
         assert _greedy(bf16, ids, STEPS)[0] == ref, "bf16 weights and activations must give the FP32 greedy tokens"
         hidden = fp32(torch.tensor([ids + ref]), output_hidden_states=True).hidden_states
-        assert max(float(h.abs().max()) for h in hidden[:-1]) < 20  # O(1) residual stream
+        assert max(float(h.abs().max()) for h in hidden[:-1]) < 30  # O(1) residual stream
+    assert min(margins) > MARGIN_MIN
 
 
 def test_plain_random_weights_are_why_the_memory_exists():
@@ -112,16 +114,20 @@ def test_successors_form_one_long_cycle_over_ordinary_tokens():
     assert successors(live, 0) == succ and successors(live, 1) != succ
 
 
-def test_memory_neuron_fires_only_for_its_token():
-    zm = get_zoo_model("qwen2.5-0.5b")
-    spec, live = zm.spec(1), zm.live_vocab()
-    gate = generate_tensor(spec, "model.layers.0.mlp.gate_proj.weight", 0, live=live)
-    embed_rows = generate_tensor(spec, "model.embed_tokens.weight", 0, live=live)[[5, 900]]
-    normed = embed_rows * torch.rsqrt(embed_rows.pow(2).mean(-1, keepdim=True))
-    pre = normed @ gate.T
-    neurons = memory_neurons(spec, live, 0)
-    assert pre[0, neurons[5]] > 3.5 and pre[1, neurons[900]] > 3.5
-    assert abs(pre[0, neurons[900]]) < 0.5 and abs(pre[1, neurons[5]]) < 0.5
+def test_previous_token_heads_attend_to_the_previous_position(zoo_model):
+    """Checked in transformers' eager attention, i.e. with Hugging Face's own RoPE, at a 200-token context."""
+    transformers = pytest.importorskip("transformers")
+    d = zoo_model("qwen2.5-0.5b", layers=1)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    live = get_zoo_model("qwen2.5-0.5b").live_vocab()
+    ids = torch.tensor([[live.ordinary[(i * 37) % len(live.ordinary)] for i in range(200)]])
+    with _one_thread(), torch.no_grad():
+        attn = model(ids, output_attentions=True).attentions[0][0]  # [heads, T, T]
+    q_heads, _ = prev_heads(model_spec := get_zoo_model("qwen2.5-0.5b").spec(1), WeightScheme())
+    assert len(q_heads) == min(4, model_spec.n_kv_heads)
+    for h in q_heads:
+        to_prev = torch.stack([attn[h, t, t - 1] for t in range(1, 200)])
+        assert float(to_prev.min()) > 0.98
 
 
 def test_tensors_do_not_depend_on_layer_count_except_output_scale():
