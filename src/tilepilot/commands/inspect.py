@@ -16,11 +16,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _tokenizer_summary(model_dir: str) -> dict:
+    """What the tokenizer files offer; a missing or broken tokenizer is reported, not fatal (weights still load)."""
+    from tilepilot.errors import TokenizerError
+    from tilepilot.model.tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.from_dir(model_dir)
+    except TokenizerError as e:
+        return {"ok": False, "problem": str(e)}
+    return {
+        "ok": True,
+        "vocab": tok.vocab_size,
+        "bos_id": tok.bos_id,
+        "eos_ids": list(tok.eos_ids),
+        "chat_template": bool(tok.chat_template),
+    }
+
+
 def run(args) -> int:
     spec = load_spec(args.model_dir)  # raises ScopeError / ConfigError with one sentence
     report = check_headers(args.model_dir, spec)  # reads headers only, never the tensor data
+    tokenizer = _tokenizer_summary(args.model_dir)
     if args.json:
-        print(json.dumps({"spec": spec.to_dict(), "in_scope": True, "weights": report.to_dict()}, indent=2))
+        out = {"spec": spec.to_dict(), "in_scope": True, "weights": report.to_dict(), "tokenizer": tokenizer}
+        print(json.dumps(out, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -45,6 +65,12 @@ def run(args) -> int:
         "parameters": f"{spec.n_params / 1e9:.3f} B ({spec.weight_bytes() / 2**30:.2f} GiB in bf16)",
         "weights": f"{report.n_tensors} tensors in {len(report.files)} file(s), "
         f"{report.total_bytes / 2**30:.2f} GiB, {report.dtypes}",
+        "tokenizer": (
+            f"{tokenizer['vocab']} tokens, bos {tokenizer['bos_id']}, eos {tokenizer['eos_ids']}, "
+            f"chat template {'yes' if tokenizer['chat_template'] else 'no'}"
+            if tokenizer["ok"]
+            else f"unusable: {tokenizer['problem']}"
+        ),
         "scope": "in scope: tilepilot can deploy this model",
     }
     for k, v in rows.items():
