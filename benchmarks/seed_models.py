@@ -62,22 +62,46 @@ class ChildRun:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
     timed_out: bool = False
+    killed_low_memory: bool = False
 
 
-def run_measured(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str] | None = None) -> ChildRun:
-    """Run ``cmd``, stderr to ``log``; wall-clock and peak RSS of that child (and its waited-for children)."""
+def mem_available_bytes() -> int | None:
+    """The kernel's estimate of memory available to new work (``MemAvailable``), or None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def run_measured(
+    cmd: list[str],
+    log: Path,
+    timeout_s: float | None,
+    env: dict[str, str] | None = None,
+    min_free_bytes: int = 0,
+) -> ChildRun:
+    """Run ``cmd``, stderr to ``log``; wall-clock and peak RSS of that child (and its waited-for children).
+
+    The child is killed when the machine's available memory drops below ``min_free_bytes``: on a machine
+    shared with other work an out-of-memory kill could otherwise hit someone else's process.
+    """
     load0 = os.getloadavg()
     with tempfile.TemporaryFile("w+") as out, open(log, "w") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env)
-        timed_out = False
+        timed_out = low_mem = False
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if timeout_s and time.perf_counter() - t0 > timeout_s:
+            timed_out = bool(timeout_s and time.perf_counter() - t0 > timeout_s)
+            avail = mem_available_bytes()
+            low_mem = bool(min_free_bytes and avail is not None and avail < min_free_bytes)
+            if timed_out or low_mem:
                 proc.kill()
-                timed_out = True
                 pid, status, usage = os.wait4(proc.pid, 0)
                 break
             time.sleep(0.2)
@@ -85,22 +109,22 @@ def run_measured(cmd: list[str], log: Path, timeout_s: float | None, env: dict[s
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         text = out.read()
-    return ChildRun(proc.returncode, wall, usage.ru_maxrss * 1024, text, load0, os.getloadavg(), timed_out)
+    return ChildRun(proc.returncode, wall, usage.ru_maxrss * 1024, text, load0, os.getloadavg(), timed_out, low_mem)
 
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tilepilot", *args]
 
 
-def snapshot_source(workdir: Path) -> tuple[Path, str]:
-    """Export the committed ``src/`` of HEAD to ``WORKDIR/src-<commit>`` and return (path, commit).
+def snapshot_source(workdir: Path, rev: str = "HEAD") -> tuple[Path, str]:
+    """Export the committed ``src/`` of ``rev`` to ``WORKDIR/src-<commit>`` and return (path, commit).
 
     The package is installed editable, so a deploy that runs for many minutes would otherwise import
     whatever the working tree holds at each moment: a phase-7 evaluator subprocess started 20 minutes in
     re-times the plan with code (calibration, timing) that changed under the deployment, and its claims
     check fails for reasons that have nothing to do with the deployment. Children run on this frozen copy.
     """
-    commit = _commit(full=True)
+    commit = _commit(rev)
     dest = workdir / f"src-{commit[:12]}"
     if not (dest / "tilepilot" / "__init__.py").is_file():
         tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=workdir))
@@ -178,11 +202,13 @@ def deploy_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         logs / f"{key}.deploy.log",
         args.timeout,
         args.child_env,
+        int(args.min_free_gib * GiB),
     )
     summary = _parse_json(dep.stdout)
     rec["deploy"] = {
         "returncode": dep.returncode,
         "timed_out": dep.timed_out,
+        "killed_low_memory": dep.killed_low_memory,
         "wall_s": dep.wall_s,
         "peak_rss_bytes": dep.peak_rss_bytes,
         "load_avg_before": dep.load_before,
@@ -207,6 +233,7 @@ def deploy_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
             logs / f"{key}.evaluate.log",
             args.timeout,
             args.child_env,
+            int(args.min_free_gib * GiB),
         )
         evj = _parse_json(ev.stdout) or {}
         timing = (evj.get("measured") or {}).get("timing") or {}
@@ -245,7 +272,9 @@ def evaluated_ok(rec: dict[str, Any] | None) -> bool:
     return ev.get("verdict") in ("PASS", "PASS-with-warnings")
 
 
-def build_rows(records: dict[str, dict[str, Any]], names: list[str], layers: int | None) -> list[dict[str, Any]]:
+def build_rows(
+    records: dict[str, dict[str, Any]], names: list[str], layers: int | None, notes: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """One row per model, eta_scale against this run's own Llama-3.2-1B (at the same layer count)."""
     pub = load_published()
     paper = pub["paper_autonomous_deployments_2048"]
@@ -278,19 +307,26 @@ def build_rows(records: dict[str, dict[str, Any]], names: list[str], layers: int
             }
         if rec is None:
             row["status"] = "not run"
-            row["reason"] = "no record in the workdir for this configuration (not requested or not reached)"
+            row["reason"] = (notes or {}).get(name) or "no record in the workdir for this configuration"
             rows.append(row)
             continue
         dep = rec["deploy"]
-        row["deploy"] = {k: dep.get(k) for k in ("verdict", "wall_s", "peak_rss_bytes", "timed_out", "returncode")}
+        keys = ("verdict", "wall_s", "peak_rss_bytes", "timed_out", "killed_low_memory", "returncode")
+        row["deploy"] = {k: dep.get(k) for k in keys}
         row["deploy"]["load_avg_before"] = dep.get("load_avg_before")
         row["deploy"]["load_avg_after"] = dep.get("load_avg_after")
         row["phases"] = dep.get("phases")
         row["evaluate"] = rec.get("evaluate")
+        row["code"] = rec.get("code")
         perf = _after(rec)
         if perf is None:
             row["status"] = "deploy failed"
-            row["reason"] = dep.get("review") or dep.get("log_tail") or f"exit code {dep.get('returncode')}"
+            if dep.get("killed_low_memory"):
+                row["reason"] = "killed by the benchmark: available memory ran low (peak RSS so far shown)"
+            elif dep.get("timed_out"):
+                row["reason"] = "killed by the benchmark: --timeout reached"
+            else:
+                row["reason"] = dep.get("review") or dep.get("log_tail") or f"exit code {dep.get('returncode')}"
             rows.append(row)
             continue
         row["status"] = "deployed"
@@ -349,7 +385,8 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     L = [
         "# Seed models: modeled XDNA2 performance, eta_scale and deployment cost",
         "",
-        f"Written by `benchmarks/seed_models.py` on {meta['written']} ({size}; tilepilot commit {meta['commit']}).",
+        f"Written by `benchmarks/seed_models.py` on {meta['written']} ({size}). Deployments ran on "
+        f"{', '.join(meta['code_used']) or 'no code yet'}; modeled figures depend on the calibration of that code.",
         "",
         "- **modeled**: TTFT at 2048 tokens and decode latency are the deployed plan's figures from tilepilot's "
         "calibrated XDNA2 timing model (no NPU was used; CPU groups inside them are measured CPU time).",
@@ -448,8 +485,8 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
-def _commit(full: bool = False) -> str:
-    cmd = ["git", "rev-parse", "HEAD"] if full else ["git", "rev-parse", "--short", "HEAD"]
+def _commit(rev: str = "HEAD") -> str:
+    cmd = ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"]
     try:
         return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -469,12 +506,19 @@ def load_records(workdir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def load_notes(workdir: Path) -> dict[str, str]:
+    p = workdir / "notes.json"
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
 def write_results(workdir: Path, results_dir: Path, layers: int | None) -> Path:
-    rows = build_rows(load_records(workdir), zoo_names(), layers)
+    rows = build_rows(load_records(workdir), zoo_names(), layers, load_notes(workdir))
+    used = sorted({(r.get("code") or {}).get("source", "unrecorded code") for r in rows if r["status"] != "not run"})
     meta = {
         "written": time.strftime("%F %T"),
         "layers": layers,
-        "commit": _commit(),
+        "report_commit": _commit(),
+        "code_used": used,
         "host": _host(),
         "reference": REFERENCE_MODEL,
         "prompt_len": PREFILL_TOKENS,
@@ -502,20 +546,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="fewer layers per model, for a quick smoke run")
     ap.add_argument("--seed", type=int, default=0, help="zoo weight seed (evaluation uses seed + 1)")
     ap.add_argument("--timeout", type=float, default=None, help="kill a deploy/evaluate after this many seconds")
+    ap.add_argument(
+        "--min-free-gib",
+        type=float,
+        default=1.5,
+        help="kill a deploy/evaluate when the machine's available memory falls below this (0: never)",
+    )
     ap.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS)
     ap.add_argument("--report-only", action="store_true", help="only rebuild the tables from existing records")
     ap.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="MODEL=TEXT",
+        help="why MODEL was not run (kept in WORKDIR/notes.json, shown in the table)",
+    )
+    ap.add_argument(
         "--snapshot",
-        action="store_true",
-        help="run deploy/evaluate on a frozen export of HEAD's src/ (immune to edits made while they run)",
+        nargs="?",
+        const="HEAD",
+        default=None,
+        metavar="REV",
+        help="run deploy/evaluate on a frozen export of REV's committed src/ (default HEAD), immune to edits made "
+        "while they run; use the same REV for every model of one table",
     )
     args = ap.parse_args(argv)
     names = [get_zoo_model(n).name for n in args.models] if args.models else zoo_names()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.note:
+        notes = load_notes(args.workdir)
+        for item in args.note:
+            model, sep, text = item.partition("=")
+            if not sep or not text.strip():
+                ap.error(f"--note needs MODEL=TEXT, got {item!r}")
+            notes[get_zoo_model(model).name] = text.strip()
+        _save_json(args.workdir / "notes.json", notes)
     args.child_env = None
-    args.code = {"source": "working tree", "commit": _commit(full=True)}
+    args.code = {"source": "working tree", "commit": _commit()}
     if args.snapshot and not args.report_only:
-        src, commit = snapshot_source(args.workdir)
+        src, commit = snapshot_source(args.workdir, args.snapshot)
         args.child_env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])),
