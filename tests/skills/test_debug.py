@@ -139,9 +139,12 @@ def test_late_positions_only(fresh_ctx, monkeypatch):
 
 
 def test_error_growing_with_depth(fresh_ctx, monkeypatch):
-    """A residual-add variant a little noisier than bf16: each kernel passes its own gate, the error compounds."""
+    """A residual-add variant a little noisier than bf16: each kernel passes its own gate, the error compounds.
+
+    8 % noise per add: each probe passes, layer 0 stays above 0.99 and layer 5 ends near 0.79. (At 5 % the zoo's
+    memory circuit keeps the final logits above the 0.99 gate, a deployment the gates rightly accept.)"""
     ctx = fresh_ctx(layers=6)
-    with kernel_bug(monkeypatch, "eltwise", lambda c: c.variant == "scalar", noisy(0.05)):
+    with kernel_bug(monkeypatch, "eltwise", lambda c: c.variant == "scalar", noisy(0.08)):
         for stage in ("prefill", "decode"):
             for op in ("resid1", "resid2"):
                 mod, cfg = _default(ctx, stage, op)
