@@ -151,6 +151,37 @@ class Oracle:
             logits_per_step=torch.stack(kept) if keep_logits else None,
         )
 
+    def score_continuation(
+        self, prompt_ids: Sequence[int], tokens: Sequence[int], capture: bool | Iterable[str] = False
+    ) -> tuple[OracleStep, GreedyResult]:
+        """The oracle's own greedy choice at each step of a given continuation, from one prefill.
+
+        One pass over ``prompt_ids + tokens[:-1]`` yields, at step ``i``, the oracle's argmax and top-5 given
+        the prompt and ``tokens[:i]``. Up to and including the first step where that argmax differs from
+        ``tokens[i]``, the contexts are the oracle's own greedy ones, so the result equals ``greedy()`` there;
+        that is all a greedy token-set check reads (it stops at the first divergence). It costs one pass over
+        the weights instead of one per token, which is what makes checking a full-size model's continuation
+        affordable. Returns the prompt's part of the pass (logits and captures of the prompt positions only)
+        and the per-step choices.
+        """
+        prompt, cont = [int(t) for t in prompt_ids], [int(t) for t in tokens]
+        if not prompt or not cont:
+            raise InputError("score_continuation needs a non-empty prompt and at least one continuation token")
+        n = len(prompt)
+        step = self.prefill(prompt + cont[:-1], capture)
+        logits = step.logits
+        choices = logits[n - 1 :]
+        logprobs = torch.log_softmax(choices, dim=-1)
+        top = torch.topk(logprobs, min(TOP_K_RECORDED, self.spec.vocab), dim=-1)
+        result = GreedyResult(
+            prompt=prompt,
+            tokens=[int(t) for t in torch.argmax(choices, dim=-1)],
+            top5_per_step=top.indices.tolist(),
+            top5_logprobs=top.values.tolist(),
+        )
+        captures = {k: v[:n] for k, v in step.captures.items()}  # every capture is [positions, ...]
+        return OracleStep(logits=logits[:n], captures=captures, start=0), result
+
     # ---- internals -------------------------------------------------------------------------
     def _check_ids(self, token_ids: Sequence[int]) -> torch.Tensor:
         try:

@@ -12,35 +12,19 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-import torch
-
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
-from tilepilot.skills.prompts import prompt_ids
 
 SRC_SELF = "tilepilot: FP32 decode with the KV cache must equal a full FP32 recompute (same arithmetic)"
 KV_SELF_MAX_REL_ERR = 1e-5  # fp32 reassociation only; observed ~1e-7 on test models
 
 
-def _hf_reference(model_dir, ids: list[int], n_layers: int, greedy_steps: int) -> dict[str, Any]:
-    """Logits, per-layer hidden states and greedy tokens of transformers FP32 on ``ids``."""
-    from transformers import AutoModelForCausalLM
+def _hf_reference(model_dir, ids: list[int], continuation: list[int], n_layers: int):
+    """transformers' FP32 logits and hidden states on ``ids`` and its greedy choices along ``continuation``
+    (loaded in the checkpoint's dtype, one module in FP32 at a time: no FP32 copy of the whole model)."""
+    from tilepilot.oracle.transformers_reference import load_reference_model, run_reference
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.eval()
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        out = model(x, output_hidden_states=True)
-        gen = model.generate(
-            x,
-            max_new_tokens=greedy_steps,
-            min_new_tokens=greedy_steps,
-            do_sample=False,
-            attention_mask=torch.ones_like(x),
-        )
-    # hidden_states[0] is the embedding; [i+1] the output of layer i (the last one after the final norm).
-    hidden = [h[0] for h in out.hidden_states[1 : n_layers + 1]]
-    return {"logits": out.logits[0].float(), "hidden": hidden, "greedy": gen[0, len(ids) :].tolist()}
+    return run_reference(load_reference_model(model_dir), ids, continuation, n_layers)
 
 
 class BuildCpuOracle(PhaseSkill):
@@ -74,15 +58,17 @@ class BuildCpuOracle(PhaseSkill):
         from tilepilot.gates import metrics as M
         from tilepilot.gates import thresholds as T
         from tilepilot.gates.gate import Gate, Threshold
+        from tilepilot.skills.phases.model import gate_prompts
 
         spec = ctx.spec
         digest = ctx.checkpoint_digest()
         ctx.set_extra("checkpoint_sha256", digest)
-        s = ctx.settings
-        ids = prompt_ids(ctx.tokenizer, spec.vocab, s.gate_prompt_len, s.seed)
-        layer_names = [f"layer{i}.out" for i in range(spec.n_layers)]
-        step = ctx.oracle.prefill(ids, capture=layer_names)
-        logits = step.logits
+        ids, second = gate_prompts(ctx)
+        # The model gate's own reference (prompt logits, every layer's output, the 32-token greedy), computed
+        # once here and reused by phases 3-5: what phase 0 certifies is exactly what they compare against.
+        ctx.journal.progress(f"oracle: prefill of {len(ids)} tokens and a {ctx.settings.greedy_steps}-token greedy")
+        ref = ctx.reference(ids, second)
+        logits = ref.logits
         # KV-cache self-consistency: prefill all but the last token, decode the last one.
         ctx.oracle.prefill(ids[:-1])
         last = ctx.oracle.decode(ids[-1]).logits[0]
@@ -94,21 +80,21 @@ class BuildCpuOracle(PhaseSkill):
         evidence: dict[str, Any] = {"prompt_ids": ids, "checkpoint_sha256": digest}
         have_hf = importlib.util.find_spec("transformers") is not None
         if have_hf:
-            ref = _hf_reference(ctx.model_dir, ids, spec.n_layers, s.greedy_steps)
-            greedy = ctx.oracle.greedy(ids, s.greedy_steps)
-            layer_cos = [M.cosine(h, step.captures[n]) for h, n in zip(ref["hidden"], layer_names, strict=True)]
+            ctx.journal.progress("transformers reference: one FP32 pass over the prompt and the oracle's greedy")
+            hf = _hf_reference(ctx.model_dir, ids, ref.greedy_tokens, spec.n_layers)
+            layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, ref.layers, strict=False)]
             # The last HF hidden state is taken after the final norm; compare only the layers before it.
-            layer_cos = layer_cos[:-1] or [M.cosine(logits, ref["logits"])]
+            layer_cos = layer_cos[:-1] or [M.cosine(logits, hf.logits)]
             m.update(
                 {
-                    T.LOGITS_MAX_REL_ERR: M.max_rel_err(ref["logits"], logits),
-                    T.LOGITS_TOP1: M.top1_agreement(ref["logits"], logits),
-                    T.LOGITS_COSINE: M.cosine(ref["logits"], logits),
+                    T.LOGITS_MAX_REL_ERR: M.max_rel_err(hf.logits, logits),
+                    T.LOGITS_TOP1: M.top1_agreement(hf.logits, logits),
+                    T.LOGITS_COSINE: M.cosine(hf.logits, logits),
                     T.LAYERS_MIN_COSINE: min(layer_cos),
-                    T.GREEDY_IDENTICAL: float(greedy.tokens == ref["greedy"]),
+                    T.GREEDY_IDENTICAL: float(hf.choices == ref.greedy_tokens),
                 }
             )
-            evidence.update(reference="transformers", layer_cosine=layer_cos, greedy=greedy.tokens)
+            evidence.update(reference="transformers", layer_cosine=layer_cos, greedy=ref.greedy_tokens)
             gate = Gate(
                 T.phase0_gate().name,
                 [*T.phase0_gate().thresholds, Threshold("kv_decode.max_rel_err", "<=", KV_SELF_MAX_REL_ERR, SRC_SELF)],
