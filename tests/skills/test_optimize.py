@@ -93,9 +93,11 @@ def test_keep_or_revert(fresh_ctx, monkeypatch):
 
     import tilepilot.skills.phases.model as model_phase
 
-    monkeypatch.setattr(model_phase, "model_gate", lambda ctx, plan: (Failing(), {}))
+    asked: list[dict] = []
+    monkeypatch.setattr(model_phase, "model_gate", lambda ctx, plan, **kw: (asked.append(kw), (Failing(), {}))[1])
     row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
     assert row["decision"].startswith("rejected: gate failed") and ctx.plan.host.weights == "per_call"
+    assert asked == [{"greedy_steps": ctx.settings.proposal_greedy_steps}]  # proposals get the short greedy
     monkeypatch.undo()
     row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
     assert row["decision"] == "applied" and ctx.plan.host.weights == "preloaded"

@@ -11,7 +11,7 @@ cosines, NaN counts) so a failure arrives already described.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,12 +42,23 @@ class OracleReference:
     second_logits: torch.Tensor
 
 
-def oracle_reference(oracle, prompt: Sequence[int], second: Sequence[int], greedy_steps: int) -> OracleReference:
+def oracle_reference(
+    oracle, prompt: Sequence[int], second: Sequence[int], greedy_steps: int, along: Sequence[int] | None = None
+) -> OracleReference:
+    """The oracle's side of the gate. With ``along`` (a continuation already produced by the runner) the greedy
+    side is scored in one pass along it (``Oracle.score_continuation``): identical to the oracle's own greedy up
+    to the first divergence, which is all the token-set check reads, at one pass over the weights instead of
+    ``greedy_steps``."""
     n = oracle.spec.n_layers
     names = [f"layer{i}.out" for i in range(n)]
+    # The prompt's logits come from a prefill of the prompt alone, the runner's own call: a runner that secretly
+    # runs the oracle then matches it bit for bit, which the evaluator reports.
     step = oracle.prefill(list(prompt), capture=names)
+    if along is None:
+        g = oracle.greedy(list(prompt), greedy_steps)
+    else:
+        g = oracle.score_continuation(list(prompt), list(along)[:greedy_steps])[1]
     layers = [step.captures[x] for x in names]
-    g = oracle.greedy(list(prompt), greedy_steps)
     b = oracle.prefill(list(second))
     return OracleReference(list(prompt), list(second), step.logits, layers, g.tokens, g.top5_per_step, b.logits)
 
@@ -163,14 +174,22 @@ def make_runner(plan, weights, trace=None, library=None, static_buffers=(), **_i
     return NpuRunner(plan, weights, trace=trace, library=library, static_buffers=tuple(static_buffers))
 
 
-def model_gate(ctx, plan, *, runner_factory: Callable | None = None) -> tuple[Any, dict[str, Any]]:
-    """Run the model gate for ``plan`` on the deployment's gate prompts; returns (GateReport, evidence)."""
+def model_gate(
+    ctx, plan, *, runner_factory: Callable | None = None, greedy_steps: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Run the model gate for ``plan`` on the deployment's gate prompts; returns (GateReport, evidence).
+
+    ``greedy_steps`` shortens the greedy check (optimization proposals); the reference is the same greedy cut
+    to that length, so a shorter check is a prefix of the full one, never a different one."""
     a, b = gate_prompts(ctx)
     ref = ctx.reference(a, b)
+    steps = min(greedy_steps or ctx.settings.greedy_steps, len(ref.greedy_tokens))
+    if steps < len(ref.greedy_tokens):
+        ref = replace(ref, greedy_tokens=ref.greedy_tokens[:steps], greedy_top5=ref.greedy_top5[:steps])
     factory = runner_factory or (lambda: ctx.make_runner(plan))
-    evidence: dict[str, Any] = {}
+    evidence: dict[str, Any] = {"greedy_steps": steps}
     try:
-        prod = run_production(factory(), a, b, ctx.settings.greedy_steps)
+        prod = run_production(factory(), a, b, steps)
     except Exception as e:  # a design the validator refuses: record its codes for the classifier
         codes = list(getattr(e, "codes", []) or [])
         if not codes and not hasattr(e, "violations"):
