@@ -73,6 +73,18 @@ def _perf_lessons(ctx) -> list[dict[str, Any]]:
     return out
 
 
+def _oracle_greedy(ctx, ids: list[int], n: int) -> tuple[list[int], list[list[int]]]:
+    """The oracle's greedy tokens and top-5 ids on the gate prompt: the model gate's cached reference when it is
+    long enough (the deployment computed it once, in phase 0), else a fresh run."""
+    from tilepilot.skills.phases.model import gate_prompts
+
+    ref = ctx.reference(*gate_prompts(ctx))
+    if ref.prompt == list(ids) and len(ref.greedy_tokens) >= n:
+        return ref.greedy_tokens[:n], ref.greedy_top5[:n]
+    g = ctx.oracle.greedy(ids, n)
+    return g.tokens, g.top5_per_step
+
+
 class FinalizeAndLearn(PhaseSkill):
     name = "finalize-and-learn"
     phase = 6
@@ -116,15 +128,18 @@ class FinalizeAndLearn(PhaseSkill):
         t0 = time.perf_counter()
         gen = runner.generate(ids, GENERATE_TOKENS, stop_ids=())
         host_s = time.perf_counter() - t0
-        ref = ctx.oracle.greedy(ids, GENERATE_TOKENS)
-        # the runner's own top-5 per step is not returned by generate: recompute it with a second runner
-        check_runner = ctx.make_runner(plan)
-        logits = check_runner.prefill(ids).logits[-1]
-        test_top5 = []
-        for tok in gen.tokens:
-            test_top5.append(torch.topk(logits, 5).indices.tolist())
-            logits = check_runner.decode(tok).logits[-1]
-        check = M.greedy_token_set_check(ref.tokens, gen.tokens, ref.top5_per_step, test_top5)
+        ref_tokens, ref_top5 = _oracle_greedy(ctx, ids, GENERATE_TOKENS)
+        # generate does not return the runner's top-5 per step; the token-set rule reads it only at the first
+        # divergence, so a second runner replays the steps up to there (none when the tokens are identical).
+        test_top5: list[list[int]] = []
+        diverge = next((i for i, (a, b) in enumerate(zip(ref_tokens, gen.tokens, strict=False)) if a != b), None)
+        if diverge is not None:
+            check_runner = ctx.make_runner(plan)
+            logits = check_runner.prefill(ids).logits[-1]
+            for tok in gen.tokens[: diverge + 1]:
+                test_top5.append(torch.topk(logits, 5).indices.tolist())
+                logits = check_runner.decode(tok).logits[-1]
+        check = M.greedy_token_set_check(ref_tokens, gen.tokens, ref_top5, test_top5)
         text = None
         if ctx.tokenizer is not None:
             text = ctx.tokenizer.decode(gen.tokens)
