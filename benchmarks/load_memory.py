@@ -2,9 +2,12 @@
 
 Issue 2 asks that loading never holds two copies of the weights: a full-size model must load within
 ~1.3x its bf16 size of resident memory. A fresh child process opens the model with ``Checkpoint``, keeps
-every tensor in a list and reads every byte of each one (an integer sum, which allocates nothing the
-size of a tensor) so the pages are really resident. The child's own peak RSS comes from ``os.wait4``,
-so neither this process nor the writer pollutes it. Everything recorded is measured on this machine.
+every tensor in a list and reads every byte of each one (the max of its raw 16/32-bit words, a
+reduction in the tensor's own integer dtype that allocates nothing) so the pages are really resident.
+An integer *sum* widened to int64 was used before: its cast buffers left 0.0-1.4 GiB of anonymous
+memory behind, varying run to run, which measured torch's reduction rather than the loader. The child's
+own peak RSS comes from ``os.wait4``, so neither this process nor the writer pollutes it. Everything
+recorded is measured on this machine.
 
 Where the model comes from:
   --workdir DIR   the seed-model benchmark's cache (DIR/models/NAME with its ``.zoo-seed`` stamp), written
@@ -36,6 +39,8 @@ TARGET_RATIO = 1.3  # issue 2, "Checkpoints": within ~1.3x the bf16 size of resi
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RESULTS = REPO / "benchmarks" / "results"
 GiB = 2**30
+WATCHED = ("src/tilepilot/model", "benchmarks/load_memory.py")  # uncommitted edits here mark a record
+BYTE_WALK = "max of raw words"  # how the child touches every byte (earlier runs: "int64 sum", see docstring)
 
 
 def _child(argv: list[str]) -> tuple[int, float, int, str]:
@@ -67,15 +72,22 @@ def _load(model_dir: str) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.perf_counter()
     ck = Checkpoint(model_dir)
-    kept, checksum, nbytes = [], 0, 0
+    kept, touched, nbytes = [], 0, 0
     for name in ck.names():
         t = ck.get(name)
         as_int = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-        checksum += int(as_int.sum(dtype=torch.int64))  # touches every byte
+        touched ^= int(as_int.max())  # reads every byte, allocates nothing tensor-sized
         nbytes += t.numel() * t.element_size()
         kept.append(t)
     seconds = time.perf_counter() - t0
-    out = {"tensors": len(kept), "bytes": nbytes, "checksum": checksum, "rss_before_load": base, "seconds": seconds}
+    status = {}
+    with open("/proc/self/status") as f:  # where the resident bytes live: anonymous (copies) or file pages
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                status[key] = int(value.split()[0]) * 1024
+    out = {"tensors": len(kept), "bytes": nbytes, "touched": touched, "rss_before_load": base, "seconds": seconds}
+    out.update(rss_anon_end=status.get("RssAnon"), rss_file_end=status.get("RssFile"))
     print(json.dumps(out))
 
 
@@ -84,11 +96,11 @@ def _commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src/tilepilot/model"], cwd=REPO, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--", *WATCHED], cwd=REPO, capture_output=True, text=True
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head.stdout.strip() + (" (src/tilepilot/model modified)" if dirty.stdout.strip() else "")
+    return head.stdout.strip() + (" (loader or benchmark modified)" if dirty.stdout.strip() else "")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -145,11 +157,14 @@ def measure(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         load_in_child_s=round(loaded["seconds"], 1),
         peak_rss_bytes=peak,
         rss_before_load_bytes=loaded["rss_before_load"],
+        rss_anon_end_bytes=loaded["rss_anon_end"],
+        rss_file_end_bytes=loaded["rss_file_end"],
         ratio=round(peak / bf16, 3),
         target_ratio=TARGET_RATIO,
         met=peak / bf16 <= TARGET_RATIO,
         load_avg_before=load_before,
         load_avg_after=os.getloadavg(),
+        byte_walk=BYTE_WALK,
         when=time.strftime("%F %T"),
         commit=_commit(),
     )
@@ -184,17 +199,28 @@ def render_markdown(models: dict[str, dict[str, Any]], meta: dict[str, Any], his
         "",
         "Peak RSS includes the interpreter and torch before loading "
         + ", ".join(f"{r['model']}: {r['rss_before_load_bytes'] / GiB:.2f} GiB" for r in models.values())
-        + ". Load wall includes interpreter start-up and the byte walk.",
+        + ". Load wall includes interpreter start-up and the byte walk, and depends on whether the checkpoint is "
+        "still in the page cache (it is right after the write or an earlier load). At the end of loading, "
+        "resident memory "
+        "was split into anonymous (private copies) and file-backed (the checkpoint's page-cache mapping, which "
+        "safetensors hands out zero-copy): "
+        + ", ".join(
+            f"{r['model']}: {r['rss_anon_end_bytes'] / GiB:.2f} GiB anon + {r['rss_file_end_bytes'] / GiB:.2f} GiB file"
+            for r in models.values()
+            if r.get("rss_anon_end_bytes") is not None
+        )
+        + ".",
         "",
         "## Every run (oldest first)",
         "",
-        "| when | model | commit | peak RSS | ratio | met | load wall |",
-        "|---|---|---|---|---|---|---|",
+        "| when | model | commit | byte walk | peak RSS | ratio | met | load wall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for h in history:
         lines.append(
             f"| {h['when']} | {h['model']} | {h['commit'][:12]}{h['commit'][40:]} "
-            f"| {h['peak_rss_bytes'] / GiB:.2f} GiB | {h['ratio']:.2f}x | {'met' if h['met'] else 'NOT met'} "
+            f"| {h.get('byte_walk', 'int64 sum')} | {h['peak_rss_bytes'] / GiB:.2f} GiB | {h['ratio']:.2f}x "
+            f"| {'met' if h['met'] else 'NOT met'} "
             f"| {h['load_wall_s']} s |"
         )
     lines.append("")
@@ -211,7 +237,7 @@ def save_results(rec: dict[str, Any], results_dir: Path) -> Path:
         rec["write"] = prev["write"]
     models[rec["model"]] = rec
     history = old.get("history", []) + [
-        {k: rec[k] for k in ("model", "when", "commit", "peak_rss_bytes", "ratio", "met", "load_wall_s")}
+        {k: rec[k] for k in ("model", "when", "commit", "byte_walk", "peak_rss_bytes", "ratio", "met", "load_wall_s")}
     ]
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     meta = {
@@ -248,6 +274,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="tilepilot-load-memory-") as tmp:
         rec = measure(args, tmp)
+    wrote_now = "write" in rec
     if not args.no_save:
         rec_path = save_results(rec, args.results_dir)
         print(f"results: {rec_path}", file=sys.stderr)
@@ -256,7 +283,8 @@ def main() -> int:
     else:
         if "write" in rec:
             w = rec["write"]
-            print(f"wrote {rec['model']} in {w['wall_s']} s, writer peak RSS {w['peak_rss_bytes'] / GiB:.2f} GiB")
+            when = "" if wrote_now else f" (reused checkpoint, written {w['when']})"
+            print(f"wrote {rec['model']} in {w['wall_s']} s, writer peak RSS {w['peak_rss_bytes'] / GiB:.2f} GiB{when}")
         print(
             f"loaded {rec['tensors']} tensors ({rec['loaded_bytes'] / GiB:.2f} GiB) in {rec['load_wall_s']} s; "
             f"peak RSS {rec['peak_rss_bytes'] / GiB:.2f} GiB = {rec['ratio']:.2f}x the bf16 size "
