@@ -11,19 +11,25 @@ Tensors (seq-first, as the projections write them; no host transposes):
   the padding rows must be finite (``prepare_inputs`` zero-fills them) and are masked by causality,
   since every query sits before them.
 
-Dataflow. A unit of work is (a chunk of ``heads_per_col`` consecutive query heads, one tile of
-``tile_q`` queries). Units are dealt to ``cols`` columns (longest first, to balance the causal
-triangle); inside a column, worker s (compute row 2 + s) computes head s of the chunk, so all the
-column's workers need the same key/value blocks:
-- q: the chunk's [heads, tile_q, head_dim] block through the shim into the column's memory tile, split
-  into one [tile_q, head_dim] object per worker (straight to the worker when heads_per_col == 1);
+Dataflow. A unit of work is (a chunk of ``heads_per_col`` consecutive query heads, a batch of
+``q_tiles_per_col`` consecutive tiles of ``tile_q`` queries). Units are dealt to ``cols`` columns (longest
+first, to balance the causal triangle); inside a column, worker s * q_tiles_per_col + a (compute row 2 + that
+index) computes head s of the chunk on query tile a of the batch, so all the column's workers on one KV head
+need the same key/value blocks. Two ways to fill the rows, combinable: several heads of a GQA group
+(heads_per_col must divide or be a multiple of the group), or several query tiles of the same heads, which
+works for any grouping (a group of 7 has no useful head split over 4 rows):
+- q: the unit's [heads, q_tiles_per_col * tile_q, head_dim] block through the shim into the column's memory
+  tile, split into one [tile_q, head_dim] object per worker (straight to the worker when it is alone);
 - kv: per key block, [tile_k, 2, head_dim] of the KV head, broadcast to the column's workers; when a
   chunk spans several KV heads (heads_per_col > group), the block carries them all and the memory tile
   splits it per KV head, each part broadcast to that head's workers;
 - o: each worker's [tile_q, head_dim] result joined in the memory tile and drained to o.
 Three DDR streams per column (q, kv in; o out) fit the shim's 2 + 2 channels on all 8 columns. A unit
-only streams the key blocks its last query can see (causal skipping). Runtime tasks are grouped so a
-shim never holds more BDs than it has.
+only streams the key blocks its last query can see (causal skipping). With several query tiles per unit
+that is what the batch's last tile needs: every worker acquires and releases every streamed block (a
+broadcast fifo is read by all its consumers), but calls its kernel only on the blocks its own tile can see,
+so the extra blocks cost DMA time (modeled per call) and no compute. Runtime tasks are grouped so a shim
+never holds more BDs than it has.
 
 Numerics (flash attention with online softmax, fp32 state, bf16 in and out), per key block:
     s   = (q . k) exact sum of bf16 products -> fp32, times 1/sqrt(d) (fp32); masked (key after query) -> -inf
@@ -118,6 +124,11 @@ class Config:
     tile_k: int = 64
     depth: int = 2  # depth of the key/value fifos (q and o are held per unit, depth 1)
     variant: str = "vector"
+    q_tiles_per_col: int = 1  # consecutive query tiles of the same heads per unit, one per worker
+
+    @property
+    def workers_per_col(self) -> int:
+        return self.heads_per_col * self.q_tiles_per_col
 
 
 def shape_for(spec: ModelSpec, q_len: int, kv_len: int | None = None) -> Shape:
@@ -134,6 +145,12 @@ def blocks_needed(shape: Shape, config: Config, q_tile: int) -> int:
     """Key blocks query tile ``q_tile`` can see: up to the block holding its last query's position."""
     last = shape.q_start + (q_tile + 1) * config.tile_q - 1
     return last // config.tile_k + 1
+
+
+def unit_blocks(shape: Shape, config: Config, batch: int) -> list[int]:
+    """Key blocks each query tile of batch ``batch`` sees; the column streams the last (largest) count."""
+    qpc = config.q_tiles_per_col
+    return [blocks_needed(shape, config, batch * qpc + a) for a in range(qpc)]
 
 
 def l1_bytes(shape: Shape, config: Config) -> int:
@@ -276,14 +293,21 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         )
     if config.tile_q < 1 or shape.q_len % config.tile_q:
         raise shape_error(FAMILY, f"q_len {shape.q_len} is not a whole number of {config.tile_q}-query tiles")
-    hpc, g = config.heads_per_col, shape.group
+    hpc, qpc, g = config.heads_per_col, config.q_tiles_per_col, shape.group
     if not 1 <= hpc <= device.compute_rows or shape.n_heads % hpc or (g % hpc and hpc % g):
         raise shape_error(
             FAMILY,
             f"{hpc} heads per column must be 1..{device.compute_rows}, divide {shape.n_heads} heads, and divide "
             f"or be a multiple of the GQA group {g}",
         )
-    units = (shape.n_heads // hpc) * (shape.q_len // config.tile_q)
+    q_tiles = shape.q_len // config.tile_q
+    if qpc < 1 or hpc * qpc > device.compute_rows or q_tiles % qpc:
+        raise shape_error(
+            FAMILY,
+            f"{qpc} query tiles per column times {hpc} heads per column must fit the {device.compute_rows} compute "
+            f"rows, and {qpc} must divide the {q_tiles} query tiles",
+        )
+    units = (shape.n_heads // hpc) * (q_tiles // qpc)
     if not 1 <= config.cols <= min(device.columns, units):
         raise shape_error(FAMILY, f"{config.cols} columns cannot share {units} units of work on {device.name}")
     if config.depth < 1:
@@ -291,14 +315,19 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
 
 
 def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
-    """(head chunk, q tile) units per column: longest first onto the least loaded column, then sorted."""
-    units = [(c, i) for c in range(shape.n_heads // config.heads_per_col) for i in range(shape.q_len // config.tile_q)]
+    """(head chunk, q-tile batch) units per column: longest first onto the least loaded column, then sorted.
+
+    A unit weighs the key blocks its column streams (its last query tile's), which its slowest worker computes.
+    """
+    batches = shape.q_len // config.tile_q // config.q_tiles_per_col
+    units = [(c, i) for c in range(shape.n_heads // config.heads_per_col) for i in range(batches)]
+    weight = {i: unit_blocks(shape, config, i)[-1] for i in range(batches)}
     load = [0] * config.cols
     cols: list[list[tuple[int, int]]] = [[] for _ in range(config.cols)]
-    for c, i in sorted(units, key=lambda u: (-blocks_needed(shape, config, u[1]), u)):
+    for c, i in sorted(units, key=lambda u: (-weight[u[1]], u)):
         col = load.index(min(load))
         cols[col].append((c, i))
-        load[col] += blocks_needed(shape, config, i)
+        load[col] += weight[i]
     return [sorted(u) for u in cols]
 
 
@@ -329,14 +358,17 @@ def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> Til
     )
 
 
-def _program(q_fifo: str, kv_fifo: str, o_fifo: str, blocks: list[int]):
+def _program(q_fifo: str, kv_fifo: str, o_fifo: str, blocks: list[tuple[int, int]]):
+    """Per unit: hold q and o, take every streamed key block, compute on the ``own`` first ones it can see."""
+
     def program(worker: Worker) -> Iterator:
-        for u, nb in enumerate(blocks):
+        for u, (own, streamed) in enumerate(blocks):
             (q,) = yield Acquire(q_fifo, 1)
             (o,) = yield Acquire(o_fifo, 1)
-            for b in range(nb):
+            for b in range(streamed):
                 (kv,) = yield Acquire(kv_fifo, 1)
-                yield Call((q, kv), (o,), u, b, nb)
+                if b < own:
+                    yield Call((q, kv), (o,), u, b, own)
                 yield Release(kv_fifo, 1)
             yield Release(q_fifo, 1)
             yield Release(o_fifo, 1)
@@ -349,12 +381,18 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     config = config or default_config(shape, device)
     _check(shape, config, device)
     hpc, tq, tk, d, g = config.heads_per_col, config.tile_q, config.tile_k, shape.head_dim, shape.group
+    qpc, nw = config.q_tiles_per_col, config.workers_per_col
     kvh = max(1, hpc // g)  # KV heads one unit needs
     qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
     q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
     assignment = assign_units(shape, config)
 
-    tiles_of = {f"attn_{col}_{s}": [i for _, i in units] for col, units in enumerate(assignment) for s in range(hpc)}
+    # worker w = s * qpc + a: head s of the chunk, query tile a of the batch
+    tiles_of = {
+        f"attn_{col}_{w}": [i * qpc + w % qpc for _, i in units]
+        for col, units in enumerate(assignment)
+        for w in range(nw)
+    }
     kernel = _kernel(shape, config, tiles_of)
     fifos: list[ObjectFifo] = []
     links = []
@@ -362,58 +400,60 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     col_tasks: list[list[list[tuple[str, str, object]]]] = []  # per column, per unit: (kind, fifo, tap)
     for col, units in enumerate(assignment):
         shim, mem = Tile(col, SHIM_ROW), Tile(col, MEM_ROW)
-        blocks = [blocks_needed(shape, config, i) for _, i in units]
+        own = [unit_blocks(shape, config, i) for _, i in units]  # per unit, per query tile of its batch
+        streamed = [nbs[-1] for nbs in own]
         q_in, kv_in, o_out = f"q_{col}", f"kv_{col}", f"o_{col}"
-        if hpc == 1:
+        if nw == 1:
             fifos += [ObjectFifo(q_in, (tq, d), "bf16", 1, shim_placement=shim)]
             fifos += [ObjectFifo(o_out, (tq, d), "bf16", 1, shim_placement=shim)]
             q_slot, o_slot = [q_in], [o_out]
         else:
-            q_slot = [f"q_{col}_{s}" for s in range(hpc)]
-            o_slot = [f"o_{col}_{s}" for s in range(hpc)]
-            fifos += [ObjectFifo(q_in, (hpc * tq, d), "bf16", 1, shim_placement=shim)]
-            fifos += [ObjectFifo(o_out, (hpc * tq, d), "bf16", 1, shim_placement=shim)]
+            q_slot = [f"q_{col}_{w}" for w in range(nw)]
+            o_slot = [f"o_{col}_{w}" for w in range(nw)]
+            fifos += [ObjectFifo(q_in, (nw * tq, d), "bf16", 1, shim_placement=shim)]
+            fifos += [ObjectFifo(o_out, (nw * tq, d), "bf16", 1, shim_placement=shim)]
             fifos += [ObjectFifo(f, (tq, d), "bf16", 1) for f in q_slot + o_slot]
-            links.append(split(f"q_split_{col}", q_in, q_slot, [s * tq * d for s in range(hpc)], mem))
-            links.append(join(f"o_join_{col}", o_slot, o_out, [s * tq * d for s in range(hpc)], mem))
+            links.append(split(f"q_split_{col}", q_in, q_slot, [w * tq * d for w in range(nw)], mem))
+            links.append(join(f"o_join_{col}", o_slot, o_out, [w * tq * d for w in range(nw)], mem))
         if kvh == 1:
             fifos += [ObjectFifo(kv_in, (tk, 2, d), "bf16", config.depth, shim_placement=shim)]
-            kv_slot = [kv_in] * hpc
+            kv_slot = [kv_in] * nw
         else:
             parts = [f"kv_{col}_{j}" for j in range(kvh)]
             fifos += [ObjectFifo(kv_in, (kvh * tk, 2, d), "bf16", config.depth, shim_placement=shim)]
             fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
             links.append(split(f"kv_split_{col}", kv_in, parts, [j * tk * 2 * d for j in range(kvh)], mem))
-            kv_slot = [parts[s // g] for s in range(hpc)]
+            kv_slot = [parts[(w // qpc) // g] for w in range(nw)]
         per_unit = []
-        for (c, i), nb in zip(units, blocks, strict=True):
+        for (c, i), nb in zip(units, streamed, strict=True):
             h0, j0 = c * hpc, c * hpc // g
             tasks = []
-            q_off = i * tq * qd + h0 * d
-            for tap in legal_taps(q_shape, q_off, [hpc, tq, d], [d, qd, 1]):
+            q_off = i * qpc * tq * qd + h0 * d
+            for tap in legal_taps(q_shape, q_off, [hpc, qpc * tq, d], [d, qd, 1]):
                 tasks.append(("fill", q_in, "q", tap))
             kv_sizes, kv_strides = [nb, kvh, tk, 2, d], [tk * 2 * kvd, d, 2 * kvd, kvd, 1]
             for tap in legal_taps(kv_shape, j0 * d, kv_sizes, kv_strides):
                 tasks.append(("fill", kv_in, "kv", tap))
-            for tap in legal_taps(q_shape, q_off, [hpc, tq, d], [d, qd, 1]):
+            for tap in legal_taps(q_shape, q_off, [hpc, qpc * tq, d], [d, qd, 1]):
                 tasks.append(("drain", o_out, "o", tap))
             per_unit.append(tasks)
         col_tasks.append(per_unit)
-        workers += [
-            Worker(
-                name=f"attn_{col}_{s}",
-                kernel=kernel,
-                inputs=(q_slot[s], kv_slot[s]),
-                outputs=(o_slot[s],),
-                iterations=1,
-                placement=Tile(col, FIRST_COMPUTE_ROW + s),
-                local_bytes=_local(shape, config),
-                acquires={q_slot[s]: len(units), kv_slot[s]: sum(blocks), o_slot[s]: len(units)},
-                calls_per_iteration=max(1, sum(blocks)),
-                program=_program(q_slot[s], kv_slot[s], o_slot[s], blocks),
+        for w in range(nw):
+            blocks = [(nbs[w % qpc], nbs[-1]) for nbs in own]  # (blocks it computes, blocks streamed) per unit
+            workers.append(
+                Worker(
+                    name=f"attn_{col}_{w}",
+                    kernel=kernel,
+                    inputs=(q_slot[w], kv_slot[w]),
+                    outputs=(o_slot[w],),
+                    iterations=1,
+                    placement=Tile(col, FIRST_COMPUTE_ROW + w),
+                    local_bytes=_local(shape, config),
+                    acquires={q_slot[w]: len(units), kv_slot[w]: sum(streamed), o_slot[w]: len(units)},
+                    calls_per_iteration=max(1, sum(b for b, _ in blocks)),
+                    program=_program(q_slot[w], kv_slot[w], o_slot[w], blocks),
+                )
             )
-            for s in range(hpc)
-        ]
     design = Design(
         name=f"attention_{shape.q_len}x{shape.kv_len}_h{shape.n_heads}_kv{shape.n_kv_heads}_d{d}",
         device=device,
@@ -517,11 +557,11 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
 
 def mem_tile_channels(shape: Shape, config: Config) -> tuple[int, int]:
     """(S2MM, MM2S) a column's memory tile needs: q split, o join, and the kv split when a unit spans KV heads."""
-    hpc = config.heads_per_col
-    if hpc == 1:
+    nw = config.workers_per_col
+    if nw == 1:
         return 0, 0
-    kvh = max(1, hpc // shape.group)
-    return 1 + hpc + (1 if kvh > 1 else 0), hpc + 1 + (kvh if kvh > 1 else 0)
+    kvh = max(1, config.heads_per_col // shape.group)
+    return 1 + nw + (1 if kvh > 1 else 0), nw + 1 + (kvh if kvh > 1 else 0)
 
 
 def _heads_per_col(shape: Shape, device: Device) -> list[int]:
@@ -532,24 +572,27 @@ def _heads_per_col(shape: Shape, device: Device) -> list[int]:
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
-    """Most tiles busy first, then less MMUL padding and bigger tiles; only tilings that fit tile memory
-    and the memory tiles' DMA channels."""
+    """Most tiles busy first, then less MMUL padding and bigger tiles, then fewer query tiles per column; only
+    tilings that fit tile memory and the memory tiles' DMA channels."""
     device = device or npu2()
     out: list[tuple[tuple, Config]] = []
     for hpc in _heads_per_col(shape, device):
         for tq in [t for t in (64, 32, 16, 8, 4, 2, 1) if shape.q_len % t == 0][:3]:
-            units = (shape.n_heads // hpc) * (shape.q_len // tq)
-            waste = -(-tq // MMUL_M) * MMUL_M / tq
-            cols = min(device.columns, units)
-            for tk in (128, 64, 32, 16):
-                cfg = Config(cols, hpc, tq, tk, 2, "vector")
-                s2mm, mm2s = mem_tile_channels(shape, cfg)
-                if l1_bytes(shape, cfg) > device.compute.memory_bytes:
-                    continue
-                if s2mm > device.mem.s2mm_channels or mm2s > device.mem.mm2s_channels:
-                    continue
-                pad = kv_rows(shape, cfg) - shape.kv_len
-                out.append(((-cols * hpc, waste, pad > 0, -min(tq, 32) * tk, -tq), cfg))
+            q_tiles = shape.q_len // tq
+            for qpc in [n for n in range(1, device.compute_rows // hpc + 1) if q_tiles % n == 0]:
+                units = (shape.n_heads // hpc) * (q_tiles // qpc)
+                waste = -(-tq // MMUL_M) * MMUL_M / tq
+                cols = min(device.columns, units)
+                for tk in (128, 64, 32, 16):
+                    cfg = Config(cols, hpc, tq, tk, 2, "vector", qpc)
+                    s2mm, mm2s = mem_tile_channels(shape, cfg)
+                    if l1_bytes(shape, cfg) > device.compute.memory_bytes:
+                        continue
+                    if s2mm > device.mem.s2mm_channels or mm2s > device.mem.mm2s_channels:
+                        continue
+                    pad = kv_rows(shape, cfg) - shape.kv_len
+                    # several heads per column before several query tiles: no key blocks streamed beyond need
+                    out.append(((-cols * hpc * qpc, waste, pad > 0, -min(tq, 32) * tk, -tq, qpc), cfg))
     out.sort(key=lambda x: x[0])
     cands = [c for _, c in out]
     return cands + [replace(cands[0], variant="scalar")] if cands else []
