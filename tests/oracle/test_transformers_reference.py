@@ -8,6 +8,7 @@ import torch
 from conftest import FAMILIES, build_tiny, prompt_ids
 from transformers import AutoModelForCausalLM
 
+from tilepilot.model.checkpoint import Checkpoint
 from tilepilot.oracle.model import Oracle
 from tilepilot.oracle.transformers_reference import (
     fp32_units,
@@ -26,10 +27,11 @@ def saved(request, tmp_path_factory):
     return tiny, out
 
 
-def test_bf16_checkpoint_computes_like_fp32_transformers(saved):
+@pytest.mark.parametrize("shared", [False, True], ids=["from_pretrained", "shared_tensors"])
+def test_bf16_checkpoint_computes_like_fp32_transformers(saved, shared):
     tiny, path = saved
     assert stored_dtype(path) == torch.bfloat16
-    model = load_reference_model(path)
+    model = load_reference_model(path, Checkpoint(path).get if shared else None)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fp32 = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     ids, cont = prompt_ids(11), prompt_ids(6, seed=3)
@@ -70,3 +72,15 @@ def test_units_hold_fp32_only_while_they_run(saved):
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     handle.remove()
     assert seen == [torch.float32]
+
+
+def test_shared_tensors_are_the_checkpoints_own_memory(saved):
+    """Built from the checkpoint's tensors, the model holds no copy: its weights are the mapped ones."""
+    tiny, path = saved
+    ckpt = Checkpoint(path)
+    model = load_reference_model(path, ckpt.get)
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert model.get_parameter(name).data_ptr() == ckpt.get(name).data_ptr()
+    if tiny.spec.tied_embeddings:
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert all(b.device.type == "cpu" for b in model.buffers())

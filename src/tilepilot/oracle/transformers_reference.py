@@ -10,7 +10,7 @@ most one module's FP32 copy alive.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tilepilot.errors import CheckpointError
 from tilepilot.model.checkpoint import check_headers
 from tilepilot.model.spec import load_spec
 
@@ -107,12 +108,46 @@ def one_module_in_fp32(model: nn.Module) -> Iterator[nn.Module]:
             _restore(undo)
 
 
-def load_reference_model(model_dir: str | Path) -> nn.Module:
-    """transformers' model of the checkpoint, in its stored dtype, in eval mode."""
-    from transformers import AutoModelForCausalLM
+def load_reference_model(model_dir: str | Path, tensors: Callable[[str], torch.Tensor] | None = None) -> nn.Module:
+    """transformers' model of the checkpoint, in its stored dtype, in eval mode.
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=stored_dtype(model_dir))
+    With ``tensors`` (name -> tensor, e.g. ``Checkpoint.get``, which hands out the file mapping without a copy)
+    the model is built on the meta device and given those tensors, so it shares the memory the oracle already
+    reads instead of holding a second copy of the weights (8 GB for a 4B model). transformers still maps every
+    checkpoint name onto its own modules and runs its own code; only the reading of the safetensors files is
+    shared. Without it, ``from_pretrained`` loads the weights itself.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = stored_dtype(model_dir)
+    if tensors is None:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    _materialize_buffers(model)
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    state = {n: tensors(n) for n in names if not (n == "lm_head.weight" and config.tie_word_embeddings)}
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if left:
+        raise CheckpointError(f"transformers expects {left[0]} but the checkpoint does not provide it")
     return model.eval()
+
+
+def _materialize_buffers(model: nn.Module) -> None:
+    """Buffers computed at construction (RoPE frequencies) are left on the meta device by a meta build; build
+    each module that owns one again on the CPU from the model's config."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if any(b.device.type == "meta" for b in child.buffers(recurse=False)) and not list(child.parameters()):
+                rebuilt = type(child)(config=model.config)
+                setattr(parent, name, rebuilt)
+    left = [n for n, b in model.named_buffers() if b.device.type == "meta"]
+    if left:
+        raise CheckpointError(f"cannot build transformers' {left[0]} outside the meta device; use from_pretrained")
 
 
 @torch.no_grad()

@@ -19,12 +19,14 @@ SRC_SELF = "tilepilot: FP32 decode with the KV cache must equal a full FP32 reco
 KV_SELF_MAX_REL_ERR = 1e-5  # fp32 reassociation only; observed ~1e-7 on test models
 
 
-def _hf_reference(model_dir, ids: list[int], continuation: list[int], n_layers: int):
+def _hf_reference(ctx, ids: list[int], continuation: list[int], n_layers: int):
     """transformers' FP32 logits and hidden states on ``ids`` and its greedy choices along ``continuation``
-    (loaded in the checkpoint's dtype, one module in FP32 at a time: no FP32 copy of the whole model)."""
+    (in the checkpoint's dtype, sharing the checkpoint's mapped tensors, one module in FP32 at a time: neither a
+    second copy of the weights nor an FP32 one)."""
     from tilepilot.oracle.transformers_reference import load_reference_model, run_reference
 
-    return run_reference(load_reference_model(model_dir), ids, continuation, n_layers)
+    tensors = getattr(ctx.weights, "get", None)
+    return run_reference(load_reference_model(ctx.model_dir, tensors), ids, continuation, n_layers)
 
 
 class BuildCpuOracle(PhaseSkill):
@@ -81,7 +83,7 @@ class BuildCpuOracle(PhaseSkill):
         have_hf = importlib.util.find_spec("transformers") is not None
         if have_hf:
             ctx.journal.progress("transformers reference: one FP32 pass over the prompt and the oracle's greedy")
-            hf = _hf_reference(ctx.model_dir, ids, ref.greedy_tokens, spec.n_layers)
+            hf = _hf_reference(ctx, ids, ref.greedy_tokens, spec.n_layers)
             layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, ref.layers, strict=False)]
             # The last HF hidden state is taken after the final norm; compare only the layers before it.
             layer_cos = layer_cos[:-1] or [M.cosine(logits, hf.logits)]
