@@ -79,3 +79,17 @@ def test_illegal_candidates_are_rejected_with_their_codes_and_tuning_prefers_the
 def test_zz_report_where_tuning_improved(capsys):
     with capsys.disabled():
         print(f"\n[tuning] improved {len(REPORT)} of {len(SHAPES)} shapes:", *REPORT, sep="\n  ")
+
+
+def test_a_registry_tuned_under_other_kernel_code_is_not_trusted(monkeypatch):
+    """A family whose code changed may offer configs the old rows never saw: its rows stop answering."""
+    from tilepilot.kernels import tuning
+
+    shape = gemv.Shape(1024, 1024)
+    reg = Registry()
+    tune("gemv", shape, reg, max_candidates=10)
+    assert tune("gemv", shape, reg, max_candidates=10).from_registry
+    before = timing_key()
+    monkeypatch.setattr(tuning, "_code_digest", lambda: "kernel code of another revision")
+    assert timing_key() != before
+    assert not tune("gemv", shape, reg, max_candidates=10).from_registry

@@ -14,6 +14,8 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import TilepilotError
@@ -29,10 +31,29 @@ from tilepilot.npu.validate import Violation, validate, validate_group
 DEFAULT_MAX_CANDIDATES = 64
 
 
+# The code a modeled time and a family's candidate space depend on. A tuned row found under other code may miss
+# configs the families offer now (a new dataflow) or time differently, so it must not answer for this code.
+_MODEL_CODE = ("kernels", "npu")
+
+
+@cache
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for sub in _MODEL_CODE:
+        for path in sorted((root / sub).glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def timing_key(cal: Calibration = CALIBRATION, device: Device | None = None) -> str:
-    """Fingerprint of the calibration constants and device a modeled time depends on (short hex)."""
+    """Fingerprint of what a modeled time depends on: calibration constants, device, and the kernel and NPU-model
+    code (short hex)."""
     device = device or npu2()
-    blob = json.dumps({"cal": cal.to_dict(), "device": repr(device)}, sort_keys=True, default=str)
+    blob = json.dumps(
+        {"cal": cal.to_dict(), "device": repr(device), "code": _code_digest()}, sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
