@@ -36,8 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tilepilot",
         description=(
-            "Deploy decoder-only LLMs onto a modeled AMD XDNA2 NPU. "
-            "NPU times are modeled; host times are measured."
+            "Deploy decoder-only LLMs onto a modeled AMD XDNA2 NPU. NPU times are modeled; host times are measured."
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -84,3 +84,17 @@ def test_shared_tensors_are_the_checkpoints_own_memory(saved):
     if tiny.spec.tied_embeddings:
         assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert all(b.device.type == "cpu" for b in model.buffers())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_stored_dtypes_load_in_their_own_dtype_and_compute_fp32(dtype, tmp_path):
+    tiny = build_tiny("qwen2", dtype=dtype)
+    tiny.hf.save_pretrained(tmp_path)
+    assert stored_dtype(tmp_path) == dtype
+    model = load_reference_model(tmp_path, Checkpoint(tmp_path).get)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    fp32 = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    ids = prompt_ids(10)
+    with torch.no_grad():
+        want = fp32(torch.tensor([ids])).logits[0]
+    assert torch.allclose(run_reference(model, ids, [1], tiny.spec.n_layers).logits, want, rtol=0, atol=1e-5)

@@ -25,3 +25,27 @@ def test_reference_scored_along_equals_the_greedy_reference(fresh_ctx):
     assert along.greedy_tokens == own.greedy_tokens and along.greedy_top5 == own.greedy_top5
     assert along.logits.shape == own.logits.shape and len(along.layers) == len(own.layers)
     assert (along.logits - own.logits).abs().max() <= 1e-4 * own.logits.abs().max()
+
+
+def test_reference_along_stops_at_the_first_divergence(fresh_ctx):
+    """The scored reference ends at the step the runner left the oracle's path (what the token-set check reads);
+    too short a continuation is refused; a token outside the vocabulary fails the check instead of crashing it."""
+    import pytest
+
+    from tilepilot.errors import InputError
+    from tilepilot.gates.metrics import greedy_token_set_check
+
+    ctx = fresh_ctx(greedy_steps=8)
+    a, b = gate_prompts(ctx)
+    own = oracle_reference(Oracle(ctx.weights), a, b, 8)
+    wrong = list(own.greedy_tokens)
+    wrong[3] = next(t for t in range(ctx.spec.vocab) if t not in own.greedy_top5[3])
+    along = oracle_reference(Oracle(ctx.weights), a, b, 8, along=wrong)
+    assert along.greedy_tokens == own.greedy_tokens[:4] and along.greedy_top5 == own.greedy_top5[:4]
+    with pytest.raises(InputError, match="greedy tokens"):
+        oracle_reference(Oracle(ctx.weights), a, b, 8, along=own.greedy_tokens[:5])
+    outside = [*own.greedy_tokens[:2], ctx.spec.vocab, *own.greedy_tokens[3:]]
+    cut = oracle_reference(Oracle(ctx.weights), a, b, 8, along=outside)
+    assert cut.greedy_tokens == own.greedy_tokens[:2]
+    check = greedy_token_set_check(cut.greedy_tokens, outside, cut.greedy_top5, [[0] * 5] * 8)
+    assert not check.passed

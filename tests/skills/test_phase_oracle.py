@@ -29,3 +29,21 @@ def test_phase0_fails_when_the_oracle_rope_is_off(fresh_ctx, monkeypatch):
     result = BuildCpuOracle().run(fresh_ctx("llama"))
     assert not result.ok
     assert any(f.startswith("logits.") for f in result.gate["failures"]), result.gate["failures"]
+
+
+def test_phase0_fails_when_the_loader_alters_a_tensor(fresh_ctx, monkeypatch):
+    """The oracle and transformers share the loader's tensors; an altered tensor must still fail phase 0."""
+    import pytest
+
+    from tilepilot.errors import CheckpointError
+    from tilepilot.model.checkpoint import Checkpoint
+
+    original = Checkpoint.get
+
+    def scaled(self, name):
+        t = original(self, name)
+        return t * 1.5 if name == "model.layers.0.mlp.down_proj.weight" else t
+
+    monkeypatch.setattr(Checkpoint, "get", scaled)
+    with pytest.raises(CheckpointError, match="down_proj.*differs from the one stored"):
+        BuildCpuOracle().run(fresh_ctx("llama"))

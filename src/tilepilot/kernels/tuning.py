@@ -47,13 +47,19 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
-def timing_key(cal: Calibration = CALIBRATION, device: Device | None = None) -> str:
-    """Fingerprint of what a modeled time depends on: calibration constants, device, and the kernel and NPU-model
-    code (short hex)."""
+def calibration_key(cal: Calibration = CALIBRATION, device: Device | None = None) -> str:
+    """Fingerprint of the calibration constants and device (short hex): what performance claims are tied to, so the
+    evaluator re-checks them strictly whenever these are unchanged (a code change that moves a modeled time then
+    shows up as a claim that no longer holds)."""
     device = device or npu2()
-    blob = json.dumps(
-        {"cal": cal.to_dict(), "device": repr(device), "code": _code_digest()}, sort_keys=True, default=str
-    )
+    blob = json.dumps({"cal": cal.to_dict(), "device": repr(device)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def timing_key(cal: Calibration = CALIBRATION, device: Device | None = None) -> str:
+    """Fingerprint of what a tuned registry row depends on: the calibration key plus the kernel and NPU-model code
+    (short hex). A row tuned under other code may miss configs a family offers now or time differently."""
+    blob = json.dumps({"cal": calibration_key(cal, device), "code": _code_digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -112,10 +112,12 @@ def load_reference_model(model_dir: str | Path, tensors: Callable[[str], torch.T
     """transformers' model of the checkpoint, in its stored dtype, in eval mode.
 
     With ``tensors`` (name -> tensor, e.g. ``Checkpoint.get``, which hands out the file mapping without a copy)
-    the model is built on the meta device and given those tensors, so it shares the memory the oracle already
-    reads instead of holding a second copy of the weights (8 GB for a 4B model). transformers still maps every
-    checkpoint name onto its own modules and runs its own code; only the reading of the safetensors files is
-    shared. Without it, ``from_pretrained`` loads the weights itself.
+    the model is built on the meta device and given those tensors under its own parameter names, so it shares
+    the memory the oracle already reads instead of holding a second copy of the weights (8 GB for a 4B model).
+    Sharing the tensors must not mean trusting tilepilot's loader: every tensor given is compared with an
+    independent read of the safetensors files (one tensor mapped at a time), so a loader that hands out a wrong
+    or altered tensor fails here. Without ``tensors``, or for a model whose construction-time buffers cannot be
+    rebuilt off the meta device, ``from_pretrained`` loads the weights itself.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -125,7 +127,8 @@ def load_reference_model(model_dir: str | Path, tensors: Callable[[str], torch.T
     config = AutoConfig.from_pretrained(str(model_dir))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    _materialize_buffers(model)
+    if not _materialize_buffers(model):
+        return load_reference_model(model_dir)
     names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
     state = {n: tensors(n) for n in names if not (n == "lm_head.weight" and config.tie_word_embeddings)}
     model.load_state_dict(state, strict=False, assign=True)
@@ -134,20 +137,42 @@ def load_reference_model(model_dir: str | Path, tensors: Callable[[str], torch.T
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if left:
         raise CheckpointError(f"transformers expects {left[0]} but the checkpoint does not provide it")
+    _check_against_files(model_dir, state)
     return model.eval()
 
 
-def _materialize_buffers(model: nn.Module) -> None:
-    """Buffers computed at construction (RoPE frequencies) are left on the meta device by a meta build; build
-    each module that owns one again on the CPU from the model's config."""
+def _check_against_files(model_dir: str | Path, state: dict[str, torch.Tensor]) -> None:
+    """Each tensor in ``state`` equals the one stored under its name, read straight from the safetensors files."""
+    from safetensors import safe_open
+
+    where: dict[str, Path] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            where.update({k: path for k in f.keys() if k in state})
+    for name, given in state.items():
+        if name not in where:
+            raise CheckpointError(f"{name} is not stored in any safetensors file of {model_dir}")
+        with safe_open(str(where[name]), framework="pt") as f:
+            stored = f.get_tensor(name)
+        if stored.dtype != given.dtype or stored.shape != given.shape or not torch.equal(stored, given):
+            raise CheckpointError(
+                f"the loaded {name} differs from the one stored in {where[name].name}; the checkpoint loader is wrong"
+            )
+        del stored
+
+
+def _materialize_buffers(model: nn.Module) -> bool:
+    """Buffers computed at construction (RoPE frequencies) are left on the meta device by a meta build; build each
+    module that owns one again on the CPU from the model's config. False when a module cannot be built that way."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if any(b.device.type == "meta" for b in child.buffers(recurse=False)) and not list(child.parameters()):
-                rebuilt = type(child)(config=model.config)
+                try:
+                    rebuilt = type(child)(config=model.config)
+                except TypeError:
+                    return False
                 setattr(parent, name, rebuilt)
-    left = [n for n, b in model.named_buffers() if b.device.type == "meta"]
-    if left:
-        raise CheckpointError(f"cannot build transformers' {left[0]} outside the meta device; use from_pretrained")
+    return not any(b.device.type == "meta" for b in model.buffers())
 
 
 @torch.no_grad()

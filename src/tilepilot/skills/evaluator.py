@@ -204,7 +204,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     out["gate_evidence"] = {k: ev[k] for k in ("layer_cosine", "call_cosine", "greedy", "nonfinite")}
 
     # 3. the plan re-timed (modeled)
-    from tilepilot.kernels.tuning import timing_key
+    from tilepilot.kernels.tuning import calibration_key
     from tilepilot.plan.timing import time_plan
     from tilepilot.skills.context import TIMING_PROMPT_LEN, perf_figures
 
@@ -213,7 +213,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
         "prompt_len": TIMING_PROMPT_LEN,
         **perf_figures(plan, t),
         "clock": "modeled",
-        "calibration_key": timing_key(),
+        "calibration_key": calibration_key(),
     }
     return out
 

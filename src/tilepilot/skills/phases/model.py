@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tilepilot.errors import InputError
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 from tilepilot.skills.prompts import prompt_ids
@@ -45,10 +46,15 @@ class OracleReference:
 def oracle_reference(
     oracle, prompt: Sequence[int], second: Sequence[int], greedy_steps: int, along: Sequence[int] | None = None
 ) -> OracleReference:
-    """The oracle's side of the gate. With ``along`` (a continuation already produced by the runner) the greedy
-    side is scored in one pass along it (``Oracle.score_continuation``): identical to the oracle's own greedy up
-    to the first divergence, which is all the token-set check reads, at one pass over the weights instead of
-    ``greedy_steps``."""
+    """The oracle's side of the gate.
+
+    With ``along`` (the ``greedy_steps`` tokens the runner produced) the greedy side is scored in one pass along it
+    (``Oracle.score_continuation``) instead of ``greedy_steps`` decode passes, and cut after the first step where
+    the oracle's choice differs from the runner's token: up to there the contexts are the oracle's own greedy ones
+    (the choices equal ``greedy()``'s up to FP32 summation order, one pass against step-by-step decoding), and the
+    token-set check reads nothing after it. A runner token outside the vocabulary ends the scored part there, so
+    the check fails on the length difference.
+    """
     n = oracle.spec.n_layers
     names = [f"layer{i}.out" for i in range(n)]
     # The prompt's logits come from a prefill of the prompt alone, the runner's own call: a runner that secretly
@@ -56,11 +62,23 @@ def oracle_reference(
     step = oracle.prefill(list(prompt), capture=names)
     if along is None:
         g = oracle.greedy(list(prompt), greedy_steps)
+        tokens, top5 = g.tokens, g.top5_per_step
     else:
-        g = oracle.score_continuation(list(prompt), list(along)[:greedy_steps])[1]
+        cont = [int(t) for t in along]
+        if len(cont) < greedy_steps:
+            raise InputError(f"the runner produced {len(cont)} greedy tokens, the gate needs {greedy_steps}")
+        cont = cont[:greedy_steps]
+        valid = next((i for i, t in enumerate(cont) if not 0 <= t < oracle.spec.vocab), len(cont))
+        tokens, top5 = [], []
+        if valid:
+            g = oracle.score_continuation(list(prompt), cont[:valid])[1]
+            tokens, top5 = g.tokens, g.top5_per_step
+        split = next((i for i, (a, b) in enumerate(zip(tokens, cont, strict=False)) if a != b), None)
+        if split is not None:
+            tokens, top5 = tokens[: split + 1], top5[: split + 1]
     layers = [step.captures[x] for x in names]
     b = oracle.prefill(list(second))
-    return OracleReference(list(prompt), list(second), step.logits, layers, g.tokens, g.top5_per_step, b.logits)
+    return OracleReference(list(prompt), list(second), step.logits, layers, tokens, top5, b.logits)
 
 
 def lm_head_ranges(plan, spec) -> list[tuple[int, int]]:

@@ -37,7 +37,7 @@ class _OptimizationPhase(PhaseSkill):
     def run(self, ctx):
         from tilepilot.gates import thresholds as T
         from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.kernels.tuning import timing_key
+        from tilepilot.kernels.tuning import calibration_key
         from tilepilot.skills import registry
         from tilepilot.skills.phases.model import model_gate
 
@@ -84,7 +84,7 @@ class _OptimizationPhase(PhaseSkill):
                     k: after[k]
                     for k in ("ttft_s", "decode_ms_per_token", "ttft_cpu_measured_s", "decode_cpu_measured_ms")
                 },
-                "calibration_key": timing_key(),
+                "calibration_key": calibration_key(),
             },
         )
         label = "TTFT" if self.stage == "prefill" else "decode"

@@ -2,7 +2,10 @@
 
 Everything after this phase is judged against the oracle, so the oracle itself is judged against an
 independent implementation (Hugging Face transformers in FP32) on the checkpoint itself: logits,
-per-layer hidden states and a greedy continuation. Where transformers is not installed the phase
+per-layer hidden states and a greedy continuation. transformers shares the checkpoint's mapped tensors with
+the oracle (no second copy of the weights) but runs its own modeling code on them under its own parameter
+names, and every shared tensor is first compared with an independent read of the safetensors files, so neither
+the oracle's arithmetic nor tilepilot's loader is taken on trust. Where transformers is not installed the phase
 cannot make that check; it then checks what it can (KV-cache decode equals a full recompute, finite
 logits) and says so in the gate, which a later evaluator reports as a warning.
 """
@@ -84,7 +87,7 @@ class BuildCpuOracle(PhaseSkill):
         if have_hf:
             ctx.journal.progress("transformers reference: one FP32 pass over the prompt and the oracle's greedy")
             hf = _hf_reference(ctx, ids, ref.greedy_tokens, spec.n_layers)
-            layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, ref.layers, strict=False)]
+            layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, ref.layers, strict=True)]
             # The last HF hidden state is taken after the final norm; compare only the layers before it.
             layer_cos = layer_cos[:-1] or [M.cosine(logits, hf.logits)]
             m.update(
@@ -113,4 +116,6 @@ class BuildCpuOracle(PhaseSkill):
             )
             what = "oracle self-consistent (transformers not installed: not cross-checked)"
         report = gate.evaluate(m)
+        if not report.passed:
+            what = "oracle does not match transformers FP32" if have_hf else "oracle is not self-consistent"
         return finish(self, ctx, report, evidence, f"{what}; logits rel err {m.get(T.LOGITS_MAX_REL_ERR, kv_rel):.2e}")
