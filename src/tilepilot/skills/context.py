@@ -106,6 +106,7 @@ class DeployContext:
     settings: Settings = field(default_factory=Settings)
     failure: Failure | None = None  # set by the orchestrator while a debug skill runs
     opt_stage: str | None = None  # "prefill" / "decode" while phase 4 / 5 runs its optimization skills
+    full_proposal_gate: bool = False  # gate proposals with all greedy_steps (a phase's retry after a late failure)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)

@@ -132,7 +132,9 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
         else:
             from tilepilot.skills.phases.model import model_gate
 
-            report, _ = model_gate(ctx, prop.plan, greedy_steps=ctx.settings.proposal_greedy_steps)
+            s = ctx.settings
+            steps = s.greedy_steps if ctx.full_proposal_gate else s.proposal_greedy_steps
+            report, _ = model_gate(ctx, prop.plan, greedy_steps=steps)
             row["gate"] = "passed" if report.passed else "failed"
             if report.passed:
                 prop.plan.name = OPTIMIZED_PLAN_NAME

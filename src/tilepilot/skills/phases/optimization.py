@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.context import perf_figures
+from tilepilot.skills.optimize.common import clone
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
 BASELINE_KEY = "optimization_baseline"
@@ -34,14 +35,8 @@ class _OptimizationPhase(PhaseSkill):
     abstract = True
     stage: ClassVar[str] = ""
 
-    def run(self, ctx):
-        from tilepilot.gates import thresholds as T
-        from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.kernels.tuning import calibration_key
-        from tilepilot.skills import registry
-        from tilepilot.skills.phases.model import model_gate
-
-        base = baseline(ctx)
+    def _run_skills(self, ctx, registry) -> list[dict[str, Any]]:
+        """Run every optimization skill of this stage once, in registry order; their results for the gate."""
         skills: list[dict[str, Any]] = []
         ctx.opt_stage = self.stage
         try:
@@ -52,9 +47,38 @@ class _OptimizationPhase(PhaseSkill):
                 skills.append({"skill": cls.name, "status": r.status, "summary": r.summary, **r.evidence})
         finally:
             ctx.opt_stage = None
+        return skills
+
+    def run(self, ctx):
+        from tilepilot.gates import thresholds as T
+        from tilepilot.gates.gate import Gate, Threshold
+        from tilepilot.kernels.tuning import calibration_key
+        from tilepilot.skills import registry
+        from tilepilot.skills.phases.model import model_gate
+
+        base = baseline(ctx)
+        start = clone(ctx.plan)
+        skills = self._run_skills(ctx, registry)
         plan = ctx.plan
-        after = perf_figures(plan, ctx.timing(plan))
         report, evidence = model_gate(ctx, plan)
+        s, first_pass = ctx.settings, None
+        if not report.passed and _applied(skills) and s.proposal_greedy_steps < s.greedy_steps:
+            # A kept change passed its short greedy check but the plan fails the full one: start the phase again
+            # from its input plan with every proposal gated by the full check, so the culprit is rejected by name.
+            ctx.journal.progress(
+                f"{self.name}: the kept plan fails the full {s.greedy_steps}-token gate "
+                f"({'; '.join(report.failures)}); re-running the phase with the full gate for every proposal"
+            )
+            ctx.save_plan(start)
+            ctx.full_proposal_gate = True
+            first_pass = skills
+            try:
+                skills = self._run_skills(ctx, registry)
+            finally:
+                ctx.full_proposal_gate = False
+            plan = ctx.plan
+            report, evidence = model_gate(ctx, plan)
+        after = perf_figures(plan, ctx.timing(plan))
         # Each applied step must have lowered the stage's figure strictly (try_proposal guarantees it; re-checked).
         metric = "ttft" if self.stage == "prefill" else "decode"
         not_faster = sum(
@@ -64,7 +88,7 @@ class _OptimizationPhase(PhaseSkill):
         m[T.TTFT_MODELED_MS] = after["ttft_s"] * 1e3
         m[T.DECODE_MODELED_MS] = after["decode_ms_per_token"]
         m["applied_steps_not_faster"] = float(not_faster)
-        m["applied_steps"] = float(sum(len(s.get("applied", [])) for s in skills))
+        m["applied_steps"] = float(_applied(skills))
         phase_gate = (
             T.phase4_gate(base["ttft_s"] * 1e3)
             if self.stage == "prefill"
@@ -75,6 +99,8 @@ class _OptimizationPhase(PhaseSkill):
             [*phase_gate.thresholds, *_extra_thresholds(), Threshold("applied_steps_not_faster", "<=", 0, SRC_STEPS)],
         )
         result_report = gate.evaluate(m)
+        if first_pass is not None:
+            evidence["first_pass_reverted"] = first_pass
         evidence.update(
             baseline=base,
             after=after,
@@ -98,6 +124,10 @@ class _OptimizationPhase(PhaseSkill):
             f"{int(m['applied_steps'])} change(s); {after['dispatches_per_layer'][self.stage]} dispatch(es)/layer"
         )
         return finish(self, ctx, result_report, evidence, summary)
+
+
+def _applied(skills: list[dict[str, Any]]) -> int:
+    return sum(len(x.get("applied", [])) for x in skills)
 
 
 def _extra_thresholds():
