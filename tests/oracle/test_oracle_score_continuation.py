@@ -7,6 +7,7 @@ import torch
 from conftest import build_tiny, prompt_ids
 
 from tilepilot.errors import InputError
+from tilepilot.oracle import model as oracle_model
 from tilepilot.oracle.model import Oracle
 
 
@@ -44,3 +45,43 @@ def test_a_wrong_token_shows_as_the_first_divergence(oracle):
 def test_empty_continuation_is_refused(oracle):
     with pytest.raises(InputError, match="continuation"):
         oracle.score_continuation(prompt_ids(5), [])
+
+
+def _counting(oracle, monkeypatch):
+    calls = []
+    original = oracle.score_continuation
+
+    def counted(*a, **k):
+        calls.append(1)
+        return original(*a, **k)
+
+    monkeypatch.setattr(oracle, "score_continuation", counted)
+    return calls
+
+
+def test_a_perfect_draft_is_verified_in_one_pass(oracle, monkeypatch):
+    ids = prompt_ids(9)
+    plain = oracle.greedy(ids, 12)
+    calls = _counting(oracle, monkeypatch)
+    drafted = oracle.greedy(ids, 12, draft=lambda prefix, n: plain.tokens[len(prefix) - len(ids) :][:n])
+    assert drafted.tokens == plain.tokens and drafted.top5_per_step == plain.top5_per_step
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        lambda prefix, n: [0] * n,  # wrong almost everywhere
+        lambda prefix, n: [10**9] * n,  # outside the vocabulary
+        lambda prefix, n: 1 / 0,  # a draft that fails
+        lambda prefix, n: [],  # no proposal
+    ],
+    ids=["wrong", "out-of-vocab", "raises", "empty"],
+)
+def test_any_draft_gives_the_oracle_greedy(oracle, monkeypatch, draft):
+    ids = prompt_ids(9)
+    plain = oracle.greedy(ids, 12)
+    calls = _counting(oracle, monkeypatch)
+    drafted = oracle.greedy(ids, 12, draft=draft)
+    assert drafted.tokens == plain.tokens and drafted.top5_per_step == plain.top5_per_step
+    assert len(calls) <= oracle_model.DRAFT_ROUNDS

@@ -8,7 +8,7 @@ keep their FP32 layers for speed. The LM head is applied in vocabulary chunks fo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +31,9 @@ FP32_CACHE_LIMIT_BYTES = 2 * 1024**3
 LM_HEAD_CHUNK_ROWS = 16384
 
 TOP_K_RECORDED = 5
+
+# Draft-and-verify rounds of ``greedy(draft=...)`` before it falls back to decoding token by token.
+DRAFT_ROUNDS = 3
 
 
 @dataclass
@@ -116,19 +119,32 @@ class Oracle:
         *,
         keep_logits: bool = False,
         stop_ids: Iterable[int] = (),
+        draft: Callable[[list[int], int], Sequence[int]] | None = None,
     ) -> GreedyResult:
         """Greedy (argmax) continuation of ``prompt_ids`` by ``n_new`` tokens, from an empty cache.
 
         Stops early only at a token in ``stop_ids`` (none by default, so gates always compare
         ``n_new`` steps). Ties go to the lowest token id, as ``torch.argmax`` and transformers do.
+
+        ``draft(prefix, n)`` may propose the continuation (e.g. the bf16 production runner's greedy): each
+        proposal is verified in one FP32 pass (``score_continuation``) and accepted up to and including the
+        oracle's own token at the first mismatch, so the result is the oracle's greedy whatever the draft says
+        (up to FP32 summation order: a pass over many positions against step-by-step decoding). A good draft
+        turns ``n_new`` passes over the weights into one or two; a bad one costs at most ``DRAFT_ROUNDS`` passes
+        before the remaining tokens are decoded one by one.
         """
         if n_new < 1:
             raise InputError(f"n_new must be at least 1, got {n_new}")
         stops = set(stop_ids)
-        step = self.prefill(prompt_ids)
+        prompt = [int(t) for t in prompt_ids]
         tokens: list[int] = []
         top_ids: list[list[int]] = []
         top_lp: list[list[float]] = []
+        if draft is not None and not keep_logits and not stops:
+            tokens, top_ids, top_lp = self._verified_draft(prompt, n_new, draft)
+            if len(tokens) == n_new:
+                return GreedyResult(prompt=prompt, tokens=tokens, top5_per_step=top_ids, top5_logprobs=top_lp)
+        step = self.prefill(prompt + tokens)
         kept: list[torch.Tensor] = []
         while True:
             last = step.logits[-1]
@@ -144,12 +160,38 @@ class Oracle:
                 break
             step = self.decode(token)
         return GreedyResult(
-            prompt=[int(t) for t in prompt_ids],
+            prompt=prompt,
             tokens=tokens,
             top5_per_step=top_ids,
             top5_logprobs=top_lp,
             logits_per_step=torch.stack(kept) if keep_logits else None,
         )
+
+    def _verified_draft(
+        self, prompt: list[int], n_new: int, draft: Callable[[list[int], int], Sequence[int]]
+    ) -> tuple[list[int], list[list[int]], list[list[float]]]:
+        """The longest greedy prefix the draft's proposals let one FP32 pass per round establish."""
+        tokens: list[int] = []
+        top_ids: list[list[int]] = []
+        top_lp: list[list[float]] = []
+        for _ in range(DRAFT_ROUNDS):
+            remaining = n_new - len(tokens)
+            if remaining == 0:
+                break
+            try:
+                proposal = [int(t) for t in draft(prompt + tokens, remaining)][:remaining]
+            except Exception:  # a draft is only a guess: whatever stops it, decode the rest the plain way
+                break
+            if not proposal or not all(0 <= t < self.spec.vocab for t in proposal):
+                break
+            _, scored = self.score_continuation(prompt + tokens, proposal)
+            for i, token in enumerate(scored.tokens):
+                tokens.append(token)
+                top_ids.append(scored.top5_per_step[i])
+                top_lp.append(scored.top5_logprobs[i])
+                if token != proposal[i]:
+                    break
+        return tokens, top_ids, top_lp
 
     def score_continuation(
         self, prompt_ids: Sequence[int], tokens: Sequence[int], capture: bool | Iterable[str] = False

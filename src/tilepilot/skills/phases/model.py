@@ -44,7 +44,12 @@ class OracleReference:
 
 
 def oracle_reference(
-    oracle, prompt: Sequence[int], second: Sequence[int], greedy_steps: int, along: Sequence[int] | None = None
+    oracle,
+    prompt: Sequence[int],
+    second: Sequence[int],
+    greedy_steps: int,
+    along: Sequence[int] | None = None,
+    draft: Callable[[list[int], int], Sequence[int]] | None = None,
 ) -> OracleReference:
     """The oracle's side of the gate.
 
@@ -53,7 +58,8 @@ def oracle_reference(
     the oracle's choice differs from the runner's token: up to there the contexts are the oracle's own greedy ones
     (the choices equal ``greedy()``'s up to FP32 summation order, one pass against step-by-step decoding), and the
     token-set check reads nothing after it. A runner token outside the vocabulary ends the scored part there, so
-    the check fails on the length difference.
+    the check fails on the length difference. Without ``along``, ``draft`` may propose the greedy continuation for
+    the oracle to verify (``Oracle.greedy``): the result is the oracle's own greedy either way.
     """
     n = oracle.spec.n_layers
     names = [f"layer{i}.out" for i in range(n)]
@@ -61,7 +67,7 @@ def oracle_reference(
     # runs the oracle then matches it bit for bit, which the evaluator reports.
     step = oracle.prefill(list(prompt), capture=names)
     if along is None:
-        g = oracle.greedy(list(prompt), greedy_steps)
+        g = oracle.greedy(list(prompt), greedy_steps, draft=draft)
         tokens, top5 = g.tokens, g.top5_per_step
     else:
         cont = [int(t) for t in along]
