@@ -15,6 +15,15 @@ def rand_bf16(*shape: int, seed: int = 0, scale: float = 1.0, offset: float = 0.
     return (torch.randn(*shape, generator=g) * scale + offset).to(torch.bfloat16)
 
 
+def qkv(shape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention inputs (q, k, v) for ``shape`` (a ``kernels.attention.Shape``): q and k wide enough that the
+    softmax is not flat."""
+    q = rand_bf16(shape.q_len, shape.q_dim, seed=seed, scale=2.0)
+    k = rand_bf16(shape.kv_len, shape.kv_dim, seed=seed + 1, scale=2.0)
+    v = rand_bf16(shape.kv_len, shape.kv_dim, seed=seed + 2)
+    return q, k, v
+
+
 def zoo_specs() -> list[ModelSpec]:
     """The nine supported models at their published sizes (one layer: only per-layer shapes matter here)."""
     return [m.spec(layers=1) for m in ZOO.values()]

@@ -2,21 +2,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from kernel_checks import bf16_ulps, kernel_gate, rand_bf16, zoo_specs
+from kernel_checks import bf16_ulps, kernel_gate, qkv, zoo_specs
 
 from tilepilot.kernels import attention as at
 from tilepilot.npu.device import TileResources, npu2
 from tilepilot.npu.execute import run_fast, run_tile
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate
-
-
-def qkv(shape: at.Shape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q = rand_bf16(shape.q_len, shape.q_dim, seed=seed, scale=2.0)
-    k = rand_bf16(shape.kv_len, shape.kv_dim, seed=seed + 1, scale=2.0)
-    v = rand_bf16(shape.kv_len, shape.kv_dim, seed=seed + 2)
-    return q, k, v
-
 
 SMALL = [
     (at.Shape(16, 16, 4, 2, 16), at.Config(cols=2, heads_per_col=2, tile_q=4, tile_k=8)),  # prefill, GQA 2

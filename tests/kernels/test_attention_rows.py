@@ -4,21 +4,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from kernel_checks import kernel_gate, rand_bf16
+from kernel_checks import kernel_gate, qkv
 
 from tilepilot.kernels import attention as at
 from tilepilot.kernels.tuning import modeled_seconds, tune
 from tilepilot.npu.execute import run_fast, run_tile
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate
-
-
-def qkv(shape: at.Shape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q = rand_bf16(shape.q_len, shape.q_dim, seed=seed, scale=2.0)
-    k = rand_bf16(shape.kv_len, shape.kv_dim, seed=seed + 1, scale=2.0)
-    v = rand_bf16(shape.kv_len, shape.kv_dim, seed=seed + 2)
-    return q, k, v
-
 
 ROWS = [
     # GQA group 7 (Qwen2.5-0.5B's 14/2 heads): one head per column, 4 query tiles; the batch's tiles see
