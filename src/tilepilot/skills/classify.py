@@ -133,21 +133,33 @@ def _check_rope_layout(ev: dict[str, Any]) -> Diagnosis | None:
     return None
 
 
+def late_positions_bad(cosines: list[float]) -> int | None:
+    """The first bad position when ``cosines`` (one per position) show the late-positions pattern, else None.
+
+    The first ``EARLY_FRACTION`` of positions must all be good and at least ``LATE_BAD_FRACTION`` of the rest
+    (and two positions) bad: a fault that depends on position spoils a run of positions; one outlier is not that
+    signature. Shared by the classifier (whole-model evidence) and the debug skill (one kernel probed alone).
+    """
+    if len(cosines) < 4:
+        return None
+    n_early = max(1, int(len(cosines) * EARLY_FRACTION))
+    early, late = cosines[:n_early], cosines[n_early:]
+    n_bad = sum(not _good(c) for c in late)
+    if not (all(_good(c) for c in early) and n_bad >= max(2, int(len(late) * LATE_BAD_FRACTION))):
+        return None
+    return n_early + next(i for i, c in enumerate(late) if not _good(c))
+
+
 def _check_late_positions(ev: dict[str, Any]) -> Diagnosis | None:
     pos = list(ev.get("position_cosine") or [])
-    if len(pos) < 4:
+    first_bad = late_positions_bad(pos)
+    if first_bad is None:
         return None
     n_early = max(1, int(len(pos) * EARLY_FRACTION))
-    early, late = pos[:n_early], pos[n_early:]
-    n_bad = sum(not _good(c) for c in late)
-    # a fault that depends on position spoils a run of positions; one outlier is not that signature
-    if all(_good(c) for c in early) and n_bad >= max(2, int(len(late) * LATE_BAD_FRACTION)):
-        first_bad = n_early + next(i for i, c in enumerate(late) if not _good(c))
-        return Diagnosis(
-            LATE_POSITIONS_ONLY,
-            [f"positions 0..{n_early - 1} good, first bad position {first_bad} (cosine {pos[first_bad]:.4f})"],
-        )
-    return None
+    return Diagnosis(
+        LATE_POSITIONS_ONLY,
+        [f"positions 0..{n_early - 1} good, first bad position {first_bad} (cosine {pos[first_bad]:.4f})"],
+    )
 
 
 def _check_depth(ev: dict[str, Any]) -> Diagnosis | None:

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from tilepilot.skills.classify import (
-    EARLY_FRACTION,
-    GOOD_COSINE,
-    LATE_BAD_FRACTION,
-    LATE_POSITIONS_ONLY,
-    ROPE_LAYOUT_MISMATCH,
-)
+from tilepilot.skills.classify import GOOD_COSINE, LATE_POSITIONS_ONLY, ROPE_LAYOUT_MISMATCH, late_positions_bad
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
 from tilepilot.skills.debug.probes import Probe
 
 
 def _late_only(rows: list[float]) -> bool:
-    if len(rows) < 4:
-        return False
-    n = max(1, int(len(rows) * EARLY_FRACTION))
-    n_bad = sum(not c >= GOOD_COSINE for c in rows[n:])
-    return all(c >= GOOD_COSINE for c in rows[:n]) and n_bad >= max(2, int(len(rows[n:]) * LATE_BAD_FRACTION))
+    return late_positions_bad(list(rows)) is not None
 
 
 def _all_rows_good(p: Probe) -> bool:
