@@ -252,6 +252,11 @@ class TokenSetCheck:
         return asdict(self)
 
 
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first step where two token sequences differ (over their common length), or None."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if int(x) != int(y)), None)
+
+
 def greedy_token_set_check(
     ref_tokens: Sequence[int],
     test_tokens: Sequence[int],
@@ -266,10 +271,9 @@ def greedy_token_set_check(
     """
     ref_tokens, test_tokens = [int(x) for x in ref_tokens], [int(x) for x in test_tokens]
     n = min(len(ref_tokens), len(test_tokens))
-    for i in range(n):
+    i = first_divergence(ref_tokens, test_tokens)
+    if i is not None:
         rt, tt = ref_tokens[i], test_tokens[i]
-        if rt == tt:
-            continue
         if i >= len(ref_topk) or i >= len(test_topk):
             raise InputError(f"top-{k} ids are missing for step {i}; record the top-{k} ids of every greedy step")
         in_ref = tt in [int(x) for x in ref_topk[i][:k]]

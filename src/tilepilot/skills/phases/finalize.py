@@ -132,7 +132,7 @@ class FinalizeAndLearn(PhaseSkill):
         # generate does not return the runner's top-5 per step; the token-set rule reads it only at the first
         # divergence, so a second runner replays the steps up to there (none when the tokens are identical).
         test_top5: list[list[int]] = []
-        diverge = next((i for i, (a, b) in enumerate(zip(ref_tokens, gen.tokens, strict=False)) if a != b), None)
+        diverge = M.first_divergence(ref_tokens, gen.tokens)
         if diverge is not None:
             check_runner = ctx.make_runner(plan)
             logits = check_runner.prefill(ids).logits[-1]

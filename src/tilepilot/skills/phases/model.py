@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tilepilot.errors import InputError
+from tilepilot.gates.metrics import first_divergence
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 from tilepilot.skills.prompts import prompt_ids
@@ -79,7 +80,7 @@ def oracle_reference(
         if valid:
             g = oracle.score_continuation(list(prompt), cont[:valid])[1]
             tokens, top5 = g.tokens, g.top5_per_step
-        split = next((i for i, (a, b) in enumerate(zip(tokens, cont, strict=False)) if a != b), None)
+        split = first_divergence(tokens, cont)
         if split is not None:
             tokens, top5 = tokens[: split + 1], top5[: split + 1]
     layers = [step.captures[x] for x in names]
