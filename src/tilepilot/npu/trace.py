@@ -8,6 +8,13 @@ is which. The NPU and the host sit in separate Chrome "processes" so a viewer
 shows them as separate lanes.
 
 Times are seconds inside the program and microseconds in the Chrome file (the format's unit).
+
+The Chrome file also lays every launch and DMA out on the array, one track per compute column, memory
+tile and shim DMA channel, when the writer is given the launches' ``LaunchLayout`` (read off the designs'
+placement): a launch appears on each column its workers occupy with that column's MACs, its DDR traffic
+on the shim channels and memory tiles that carry it with their bytes. Those placement copies have
+category ``placement`` and are never read back as events, so counts and totals stay those of the run.
+The model does not schedule transfers inside a launch, so a placed DMA spans its launch.
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import InputError, WorkspaceError
+from tilepilot.npu.design import Design, MultiLaunchGroup, nbytes
 
 KINDS = ("dispatch", "launch", "dma", "sync", "host", "cpu")
 # Kinds whose duration comes from the timing model unless the caller says otherwise.
@@ -32,17 +40,27 @@ PHASES = ("prefill", "decode")
 # them in totals would count the same modeled time twice.
 TOP_LEVEL_KINDS = ("dispatch", "sync", "host", "cpu")
 
-# Chrome "process" / "thread" lanes: NPU vs host, then one lane per kind of work.
-_PID = {"npu": 1, "host": 2}
+# Chrome "process" / "thread" lanes. The NPU is four processes: its dispatch overview (dispatches, launches,
+# DDR traffic as the run recorded them), the compute columns, the memory tiles and the shim DMA channels, each
+# column / tile / channel one thread; the host is one process with one lane per kind of host work.
+_PID = {"npu": 1, "columns": 2, "mem": 3, "shim": 4, "host": 5}
 _LANES = {
-    "dispatch": ("npu", 1, "dispatches"),
-    "launch": ("npu", 2, "launches"),
-    "dma": ("npu", 3, "dma"),
+    "dispatch": ("npu", 1, "dispatches (modeled)"),
+    "launch": ("npu", 2, "launches (modeled)"),
+    "dma": ("npu", 3, "DDR traffic per launch (modeled)"),
     "sync": ("host", 1, "buffer sync (modeled)"),
     "host": ("host", 2, "host ops (measured)"),
     "cpu": ("host", 3, "cpu fallback (measured)"),
 }
-_PROCESS_NAMES = {"npu": "NPU (modeled time)", "host": "Host (syncs modeled, host ops measured)"}
+_PROCESS_NAMES = {
+    "npu": "NPU dispatches (modeled time)",
+    "columns": "NPU compute columns (modeled time)",
+    "mem": "NPU memory tiles (modeled time)",
+    "shim": "NPU shim DMA channels (modeled time)",
+    "host": "Host (syncs modeled, host ops measured)",
+}
+UNPLACED = -1  # column of workers / links / shim fifos a design leaves unplaced
+PLACEMENT_CAT = "placement"
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,73 @@ class GroupSummary:
     count: int
     total_ms: float
     share: float  # of all top-level time on the timeline (modeled + measured), 0..1
+
+
+@dataclass(frozen=True)
+class LaunchLayout:
+    """Where one launch sits on the array, read off its design: MACs per compute column, bytes per memory tile
+    and per shim DMA channel. ``UNPLACED`` (-1) stands for workers, links or fifos the design leaves unplaced."""
+
+    columns: tuple[tuple[int, int], ...]  # (column, MACs of the workers placed in it)
+    mem_tiles: tuple[tuple[int, int], ...]  # (column, bytes its links pass through)
+    shim_channels: tuple[tuple[str, int], ...]  # (channel label, bytes it moves between DDR and the array)
+
+
+def launch_layout(design: Design) -> LaunchLayout:
+    """The layout of one design: columns from worker placement, memory-tile bytes from the links placed there,
+    shim-channel bytes from the runtime tasks, packed onto the channels largest first as the timing model does
+    (a fifo placed on a shim tile uses that tile's channels, an unplaced one any shim channel)."""
+    dev = design.device
+    cols: dict[int, int] = {}
+    for w in design.workers:
+        col = w.placement.col if w.placement is not None else UNPLACED
+        macs = int(w.kernel.macs_per_call) * int(w.calls_per_iteration) * int(w.iterations)
+        cols[col] = cols.get(col, 0) + macs
+    tensors = {t.name: t for t in design.inputs + design.outputs}
+    task_bytes: dict[tuple[str, str], int] = {}
+    for t in design.runtime.tasks:
+        dtype = tensors[t.tensor].dtype if t.tensor in tensors else "bf16"
+        key = (t.kind, t.fifo)
+        task_bytes[key] = task_bytes.get(key, 0) + nbytes(t.tap.n_elements, dtype)
+    fifo_bytes: dict[str, int] = {}
+    for (_, fifo), n in task_bytes.items():
+        fifo_bytes[fifo] = fifo_bytes.get(fifo, 0) + n
+    mem: dict[int, int] = {}
+    for lk in design.links:
+        col = lk.placement.col if lk.placement is not None else UNPLACED
+        through = max(sum(fifo_bytes.get(f, 0) for f in lk.srcs), sum(fifo_bytes.get(f, 0) for f in lk.dsts))
+        mem[col] = mem.get(col, 0) + through
+    shim_of = {f.name: f.shim_placement for f in design.fifos}
+    load: dict[tuple[int, str, int], int] = {}
+    for (kind, fifo), n in sorted(task_bytes.items(), key=lambda kv: (-kv[1], kv[0])):
+        direction = "mm2s" if kind == "fill" else "s2mm"  # fill: DDR -> array; drain: array -> DDR
+        per_tile = dev.shim.mm2s_channels if kind == "fill" else dev.shim.s2mm_channels
+        tile = shim_of.get(fifo)
+        columns = [tile.col] if tile is not None else list(range(dev.columns))
+        choices = [(c, direction, ch) for c in columns for ch in range(per_tile)]
+        best = min(choices, key=lambda k: (load.get(k, 0), k))
+        load[best] = load.get(best, 0) + n
+    shim = tuple((f"shim {c} {d} {ch}", n) for (c, d, ch), n in sorted(load.items()))
+    return LaunchLayout(tuple(sorted(cols.items())), tuple(sorted(mem.items())), shim)
+
+
+def layouts_of(designs: Iterable[Design | MultiLaunchGroup]) -> dict[str, LaunchLayout]:
+    """Layouts by design name (the name a launch event carries); multi-launch groups give one per launch."""
+    out: dict[str, LaunchLayout] = {}
+    for d in designs:
+        for one in d.designs if isinstance(d, MultiLaunchGroup) else [d]:
+            out.setdefault(one.name, launch_layout(one))
+    return out
+
+
+def library_layouts(library: object) -> dict[str, LaunchLayout]:
+    """Layouts of every design a ``runtime.dispatcher.KernelLibrary`` built (what a run dispatched).
+
+    The library keeps its designs in a private cache and has no public accessor yet; this is the one place
+    that reads it, so the trace writer stays independent of the runtime layer.
+    """
+    cache = getattr(library, "_designs", None) or {}
+    return layouts_of(cache.values())
 
 
 @dataclass
@@ -215,64 +300,125 @@ class Trace:
         )
         return "\n".join(lines)
 
+    def phase_slice(self, phase: str) -> Trace:
+        """The events of one phase, shifted so the phase starts at t = 0 (one file per phase in a workspace)."""
+        mine = [e for e in self.events if e.phase == phase]
+        t0 = min((e.start_s for e in mine), default=0.0)
+        out = Trace()
+        for e in mine:
+            out.record(replace(e, start_s=e.start_s - t0, end_s=e.end_s - t0))
+        return out
+
     # --- Chrome trace JSON ------------------------------------------------------------------------------------------
-    def to_chrome_dict(self) -> dict:
-        """The Chrome trace-event format (JSON object form) that Perfetto and chrome://tracing load."""
-        trace_events: list[dict] = []
-        for proc, pid in _PID.items():
-            trace_events.append(
-                {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": _PROCESS_NAMES[proc]}}
-            )
-        for _kind, (proc, tid, lane) in _LANES.items():
-            trace_events.append(
-                {"name": "thread_name", "ph": "M", "pid": _PID[proc], "tid": tid, "args": {"name": lane}}
-            )
-        for e in self.events:
+    def to_chrome_dict(self, layouts: Mapping[str, LaunchLayout] | None = None) -> dict:
+        """The Chrome trace-event format (JSON object form) that Perfetto and chrome://tracing load.
+
+        Every event is written once on its own lane (complete events ``X``, microseconds); with ``layouts``
+        (see ``launch_layout``) each launch is also placed on its compute columns and each launch's DDR traffic
+        on its shim channels and memory tiles, as ``placement`` events carrying that track's MACs or bytes.
+        Every pid and tid is named by an ``M`` metadata event.
+        """
+        layouts = layouts or {}
+        events: list[dict] = []
+        threads: dict[tuple[str, int], str] = {(proc, tid): lane for proc, tid, lane in _LANES.values()}
+        for i, e in enumerate(self.events):
             proc, tid, _ = _LANES[e.kind]
             args = {k: v for k, v in asdict(e).items() if k not in ("name", "kind", "start_s", "end_s")}
-            trace_events.append(
-                {
-                    "name": e.name,
-                    "cat": e.kind,
-                    "ph": "X",
-                    "ts": e.start_s * 1e6,
-                    "dur": e.duration_s * 1e6,
-                    "pid": _PID[proc],
-                    "tid": tid,
-                    "args": args,
-                }
+            args["event"] = i
+            events.append(_x(e.name, e.kind, e.start_s, e.duration_s, _PID[proc], tid, args))
+            layout = layouts.get(e.name) if e.kind == "launch" else None
+            if e.kind == "dma" and e.name.startswith("ddr "):
+                layout = layouts.get(e.name[4:])
+            if layout is not None:
+                events += self._placed(e, i, layout, threads)
+        meta: list[dict] = []
+        for proc, pid in _PID.items():
+            if proc in ("npu", "host") or any(p == proc for p, _ in threads):
+                meta.append(
+                    {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": _PROCESS_NAMES[proc]}}
+                )
+                meta.append(
+                    {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+                )
+        for (proc, tid), lane in sorted(threads.items(), key=lambda kv: (_PID[kv[0][0]], kv[0][1])):
+            meta.append({"name": "thread_name", "ph": "M", "pid": _PID[proc], "tid": tid, "args": {"name": lane}})
+            meta.append(
+                {"name": "thread_sort_index", "ph": "M", "pid": _PID[proc], "tid": tid, "args": {"sort_index": tid}}
             )
         return {
-            "traceEvents": trace_events,
+            "traceEvents": meta + events,
             "displayTimeUnit": "ms",
             "otherData": {
                 "producer": "tilepilot",
                 "clocks": "NPU events are modeled by tilepilot's timing model; host events are measured wall-clock.",
+                "placement": (
+                    "compute-column, memory-tile and shim-channel tracks are modeled: each launch spans its columns "
+                    "for the launch's modeled time; DMA tracks carry the bytes of the launch's DDR traffic and span "
+                    "the launch (the model does not schedule transfers inside a launch)"
+                    if layouts
+                    else "no design layouts were given: launches and DMAs are on the overview lanes only"
+                ),
                 "modeled_ms": self.total_s("modeled") * 1e3,
                 "measured_ms": self.total_s("measured") * 1e3,
             },
         }
 
-    def to_chrome(self, path: str | os.PathLike) -> Path:
+    @staticmethod
+    def _placed(e: TraceEvent, index: int, layout: LaunchLayout, threads: dict[tuple[str, int], str]) -> list[dict]:
+        """Copies of a launch (per column) or of its DDR traffic (per shim channel and memory tile)."""
+        common = {"clock": "modeled", "group": e.group, "layer": e.layer, "phase": e.phase, "event": index}
+        out: list[dict] = []
+
+        def put(proc: str, tid: int, lane: str, args: dict) -> None:
+            threads.setdefault((proc, tid), lane)
+            out.append(_x(e.name, PLACEMENT_CAT, e.start_s, e.duration_s, _PID[proc], tid, {**common, **args}))
+
+        if e.kind == "launch":
+            for col, macs in layout.columns:
+                lane = f"column {col} compute" if col != UNPLACED else "compute (unplaced workers)"
+                put("columns", _tid(col), lane, {"macs": macs, "bytes": e.bytes, "launch_macs": e.macs})
+            return out
+        for col, nbytes_ in layout.mem_tiles:
+            lane = f"memory tile {col}" if col != UNPLACED else "memory tile (unplaced links)"
+            put("mem", _tid(col), lane, {"bytes": nbytes_, "macs": 0})
+        for label, nbytes_ in layout.shim_channels:
+            _, col, direction, ch = label.split()
+            tid = 1 + 4 * int(col) + (0 if direction == "mm2s" else 2) + int(ch)
+            lane = f"{label} ({'DDR -> array' if direction == 'mm2s' else 'array -> DDR'})"
+            put("shim", tid, lane, {"bytes": nbytes_, "macs": 0})
+        return out
+
+    def to_chrome(self, path: str | os.PathLike, layouts: Mapping[str, LaunchLayout] | None = None) -> Path:
         """Write Chrome trace JSON atomically (temp file then rename), so no half-written trace is left."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_chrome_dict(), f)
+                json.dump(self.to_chrome_dict(layouts), f)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
 
+    def write_phases(
+        self, directory: str | os.PathLike, layouts: Mapping[str, LaunchLayout] | None = None
+    ) -> dict[str, Path]:
+        """``prefill.json`` and ``decode.json`` under ``directory``, one Chrome trace per phase that has events."""
+        out = {}
+        for phase in PHASES:
+            part = self.phase_slice(phase)
+            if part.events:
+                out[phase] = part.to_chrome(Path(directory) / f"{phase}.json", layouts)
+        return out
+
     @classmethod
     def from_chrome(cls, path: str | os.PathLike) -> Trace:
         """Read back a trace this module wrote (the evaluator re-counts dispatches from the file)."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            raw = [e for e in data["traceEvents"] if e.get("ph") == "X"]
+            raw = [e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") in KINDS]
             events = [_event_from_chrome(e) for e in raw]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise WorkspaceError(
@@ -286,6 +432,25 @@ class Trace:
     def extend(self, events: Iterable[TraceEvent]) -> None:
         for e in events:
             self.record(e)
+
+
+def _x(name: str, cat: str, start_s: float, dur_s: float, pid: int, tid: int, args: dict) -> dict:
+    """One complete ("X") event; the format counts time in microseconds."""
+    return {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "ts": start_s * 1e6,
+        "dur": dur_s * 1e6,
+        "pid": pid,
+        "tid": tid,
+        "args": args,
+    }
+
+
+def _tid(col: int) -> int:
+    """Thread id of a column's track: column c is tid c + 1; the unplaced track sorts last."""
+    return col + 1 if col != UNPLACED else 999
 
 
 def _event_from_chrome(e: dict) -> TraceEvent:

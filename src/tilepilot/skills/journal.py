@@ -4,7 +4,9 @@ Each document has one job (checklist, narrative, lessons, debugging, timing, opt
 evaluation) so a person or an agent resuming the work can read the one they need. Every write goes
 through a temp file and a rename: a crash never leaves a half-written document, and appends re-write the
 whole (small) file for the same reason. Gate results are JSON under ``gates/`` because the evaluator and
-``--resume`` read them back; the markdown files are for people and are never parsed for decisions.
+``--resume`` read them back; the markdown files are for people and are never parsed for decisions. The two
+tables a program wants to read (phase timing, optimization trajectory) get a JSON twin written by the same
+call, so ``tilepilot report`` reads structured rows instead of parsing Markdown.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ DEBUG_LOG = "debug_log.md"
 PHASE_TIMING = "phase_timing.md"
 PERF_TRAJ = "perf_opt_traj.md"
 EVALUATION = "evaluation_report.md"
+PHASE_TIMING_JSON = "phase_timing.json"  # JSON twin of PHASE_TIMING
+PERF_TRAJ_JSON = "perf_opt_traj.json"  # JSON twin of PERF_TRAJ
 GATES_DIR = "gates"
 TRACE_DIR = "trace"
 
@@ -153,6 +157,8 @@ class Journal:
 
     def phase_time(self, phase: int, name: str, attempt: int, status: str, seconds: float) -> None:
         self._append(PHASE_TIMING, f"| {phase} | {name} | {attempt} | {status} | {seconds:.2f} |\n")
+        row = {"phase": phase, "skill": name, "attempt": attempt, "status": status, "seconds": float(seconds)}
+        self._append_json(PHASE_TIMING_JSON, {**row, "clock": "measured", "ended_at": time.time()})
 
     def perf_step(self, row: dict[str, Any]) -> None:
         """Append one optimization attempt; ``row`` carries the numbers named in the table header."""
@@ -172,6 +178,28 @@ class Journal:
             f"| {disp.get('prefill', 'n/a')}, {disp.get('decode', 'n/a')} "
             f"| {row.get('gate', 'not run')} | {row['decision']} |\n",
         )
+        self._append_json(PERF_TRAJ_JSON, {"step": n, **row, "clock": "modeled"})
+
+    def _append_json(self, name: str, row: dict[str, Any]) -> None:
+        """Append one row to a JSON twin (``{"rows": [...]}``); an unreadable twin starts over rather than
+        stopping the deployment, since the Markdown table beside it keeps the full record."""
+        p = self.path(name)
+        rows: list[Any] = []
+        if p.exists():
+            try:
+                rows = list(json.loads(p.read_text(encoding="utf-8")).get("rows", []))
+            except (OSError, ValueError, AttributeError):
+                rows = []
+        atomic_write_json(p, {"rows": [*rows, row]})
+
+    def read_rows(self, name: str) -> list[dict[str, Any]] | None:
+        """Rows of a JSON twin, or None when the workspace has none (written before twins existed)."""
+        p = self.path(name)
+        try:
+            rows = json.loads(p.read_text(encoding="utf-8"))["rows"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else None
 
     def _count_rows(self, name: str) -> int:
         p = self.path(name)
