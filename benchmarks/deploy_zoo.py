@@ -25,7 +25,7 @@ DEFAULT_MODELS = ("llama-3.2-1b", "smollm2-1.7b", "qwen2.5-0.5b", "qwen3-0.6b")
 def full_model_figures(name: str, deployed_plan) -> dict:
     from tilepilot.model.zoo import get_zoo_model
     from tilepilot.plan.builtin import default_plan, paper_like_plan
-    from tilepilot.plan.timing import time_plan
+    from tilepilot.runtime.timing import time_plan
     from tilepilot.skills.context import perf_figures
 
     spec = get_zoo_model(name).spec()
@@ -45,9 +45,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from tilepilot.model.zoo import write_zoo_model
+    from tilepilot.runtime.workspace import load_workspace
     from tilepilot.skills.context import Settings
     from tilepilot.skills.orchestrator import deploy
-    from tilepilot.workspace import load_workspace
 
     work = args.work or Path(tempfile.mkdtemp(prefix="tilepilot-deploy-zoo-"))
     knowledge = work / "knowledge"

@@ -36,7 +36,7 @@ def _prompt(vocab: int, n: int) -> list[int]:
 def side_tilepilot(model_dir: Path, prompt_len: int, decode: int, plan_name: str) -> dict:
     from tilepilot.model.checkpoint import load_checkpoint
     from tilepilot.plan.builtin import builtin_plan
-    from tilepilot.runner.npu_runner import NpuRunner
+    from tilepilot.runtime.runner import NpuRunner
 
     t0 = time.perf_counter()
     weights = load_checkpoint(model_dir)

@@ -13,7 +13,7 @@ What is modeled and what is measured:
 - Deployment wall-clock and peak RSS are measured on this machine (2 cores, shared: the load average
   at start and end of each deploy is recorded).
 - The paper's TTFT / tok/s were measured on real XDNA2 silicon (``published.json``).
-- eta_scale (``tilepilot.eta``) is computed from the modeled figures against this run's own
+- eta_scale (``tilepilot.runtime.eta``) is computed from the modeled figures against this run's own
   Llama-3.2-1B deployment; the paper's column applies the same definition to its published figures.
 
     python benchmarks/seed_models.py [--models qwen2.5-0.5b llama-3.2-1b] [--workdir DIR] [--reuse] [--layers N]
@@ -36,8 +36,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tilepilot.eta import ETA_GOAL, PREFILL_TOKENS, REFERENCE_MODEL, eta_scale, sustained
 from tilepilot.model.zoo import get_zoo_model, write_zoo_model, zoo_names
+from tilepilot.runtime.eta import ETA_GOAL, PREFILL_TOKENS, REFERENCE_MODEL, eta_scale, sustained
 
 # issue 7 "Deliver 1": each deployment within 15 minutes of wall-clock on a 2-core machine, peak RSS < 16 GiB.
 WALL_LIMIT_S = 15 * 60
@@ -395,7 +395,8 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "load averages per deploy are in the JSON).",
         "- **paper**: TTFT and tok/s the paper published for its autonomous deployments, measured on XDNA2 "
         "silicon (`published.json`).",
-        f"- **eta_scale**: tilepilot's definition (`tilepilot.eta`, DESIGN.md section 6), against this run's own "
+        f"- **eta_scale**: tilepilot's definition (`tilepilot.runtime.eta`, DESIGN.md section 6), against this "
+        f"run's own "
         f"{REFERENCE_MODEL} deployment; goal >= {ETA_GOAL}. The paper column applies the same definition to "
         "the paper's published figures (its own eta_scale formula is not public).",
         "",

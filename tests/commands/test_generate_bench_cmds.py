@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tilepilot.cli import main
-from tilepilot.workspace import make_workspace
+from tilepilot.runtime.workspace import make_workspace
 
 
 @pytest.fixture(scope="module")

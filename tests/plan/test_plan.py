@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from tilepilot.errors import ConfigError
+from tilepilot.model.graph import block_graph
 from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan, paper_like_plan
-from tilepilot.plan.graph import block_graph
 from tilepilot.plan.plan import DeploymentPlan, KernelCall, KernelGroup, check_plan, validate_plan
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tilepilot.plan.builtin import builtin_plan, iron_like_plan, paper_like_plan
-from tilepilot.plan.timing import time_plan
 from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.timing import time_plan
 
 
 @pytest.fixture(scope="module")

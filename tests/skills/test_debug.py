@@ -16,10 +16,10 @@ from faults import (
     shifted_partition,
 )
 
+from tilepilot.harness.probes import call_shape, plan_calls
 from tilepilot.skills import classify as C
 from tilepilot.skills.context import RUNTIME_KEY
 from tilepilot.skills.debug.common import probes_now
-from tilepilot.skills.debug.probes import call_shape, plan_calls
 from tilepilot.skills.optimize.placement import _to_npu
 from tilepilot.skills.orchestrator import Orchestrator
 from tilepilot.skills.phases.kernels import KernelValidation
@@ -27,7 +27,7 @@ from tilepilot.skills.phases.model import FullModelValidation
 
 
 def _default(ctx, stage: str, op: str, rows: int | None = None):
-    from tilepilot.plan.bind import family_module
+    from tilepilot.kernels.bind import family_module
 
     call = next(c for c in plan_calls(ctx.plan) if c.stage == stage and c.op == op)
     n = rows or ctx.settings.gate_prompt_len
@@ -161,7 +161,7 @@ def test_error_growing_with_depth(fresh_ctx, monkeypatch):
 def test_unmatched_failure_stops_for_human_review(fresh_ctx, monkeypatch):
     """A fault no signature describes (every kernel right alone, the embedding wrong) is handed to a person."""
     ctx = fresh_ctx()
-    from tilepilot.runner import npu_runner
+    from tilepilot.runtime import runner as npu_runner
 
     original = npu_runner.NpuRunner._load
 

@@ -72,7 +72,7 @@ def test_clean_deployment_passes_and_read_nothing_but_deployment_json(ws):
 
 
 ORACLE_SWAP = """
-    import tilepilot.runner.npu_runner as nr
+    import tilepilot.runtime.runner as nr
     from tilepilot.oracle.model import Oracle
 
     _init, _prefill, _decode = nr.NpuRunner.__init__, nr.NpuRunner.prefill, nr.NpuRunner.decode
@@ -112,7 +112,7 @@ def test_sabotage_oracle_swapped_into_the_runner(ws, tmp_path):
 
 
 STALE_CACHE = """
-    import tilepilot.runner.npu_runner as nr
+    import tilepilot.runtime.runner as nr
 
     _prefill = nr.NpuRunner.prefill
 
@@ -136,7 +136,7 @@ def test_sabotage_stale_cached_outputs(ws, tmp_path):
 def test_sabotage_stale_cached_gate_results(ws):
     """Gate files kept from another plan (the deployed plan swapped afterwards) are stale claims."""
     from tilepilot.plan.builtin import paper_like_plan
-    from tilepilot.workspace import load_workspace
+    from tilepilot.runtime.workspace import load_workspace
 
     w = load_workspace(ws)
     w.set_plan(paper_like_plan(w.spec))
@@ -167,7 +167,7 @@ def test_sabotage_performance_claims_inflated(ws):
 def test_weights_changed_after_deployment_fail(ws, deployment, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from tilepilot.workspace import load_workspace
+    from tilepilot.runtime.workspace import load_workspace
 
     model = tmp_path / "model"
     shutil.copytree(deployment("llama").model, model)

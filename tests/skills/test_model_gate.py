@@ -3,8 +3,8 @@ scoring along the runner's continuation gives the oracle's own greedy."""
 
 from __future__ import annotations
 
+from tilepilot.harness.model_gate import gate_prompts, model_gate, oracle_reference
 from tilepilot.oracle.model import Oracle
-from tilepilot.skills.phases.model import gate_prompts, model_gate, oracle_reference
 
 
 def test_short_gate_checks_a_prefix_of_the_reference(fresh_ctx):

@@ -64,8 +64,8 @@ def test_merge_launches_is_never_slower_than_the_paper_grouping(fresh_ctx):
 
 
 def test_vectorized_variants_and_opt_in_block_fp16(fresh_ctx):
-    from tilepilot.plan.bind import family_module
-    from tilepilot.skills.debug.probes import call_shape, plan_calls
+    from tilepilot.harness.probes import call_shape, plan_calls
+    from tilepilot.kernels.bind import family_module
 
     ctx = fresh_ctx()
     call = next(c for c in plan_calls(ctx.plan) if c.stage == "decode" and c.op == "down_proj")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tilepilot.runner import npu_runner
+from tilepilot.harness.model_gate import gate_prompts
+from tilepilot.runtime import runner as npu_runner
 from tilepilot.skills.phases.finalize import GENERATE_TOKENS, FinalizeAndLearn
-from tilepilot.skills.phases.model import gate_prompts
 
 
 def test_generate_matches_the_cached_reference(fresh_ctx):

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from tilepilot.runner import npu_runner
+from tilepilot.runtime import runner as npu_runner
 from tilepilot.skills.phases.optimization import PrefillOptimization
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tilepilot.harness.model_gate import gate_prompts
 from tilepilot.oracle import model as oracle_model
-from tilepilot.skills.phases.model import gate_prompts
 from tilepilot.skills.phases.oracle import BuildCpuOracle
 
 

@@ -50,7 +50,7 @@ def _resolve(path: Path, plan_name: str | None):
     """(plan, spec, model_dir, runner options) from a workspace or a model directory."""
     from tilepilot.model.spec import load_spec
     from tilepilot.plan.builtin import builtin_plan
-    from tilepilot.workspace import is_workspace, load_workspace
+    from tilepilot.runtime.workspace import is_workspace, load_workspace
 
     if is_workspace(path):
         ws = load_workspace(path)
@@ -85,8 +85,8 @@ def bench(
 ) -> dict[str, Any]:
     from tilepilot.model.checkpoint import load_checkpoint
     from tilepilot.npu.trace import Trace
-    from tilepilot.plan.timing import time_plan
-    from tilepilot.runner.npu_runner import NpuRunner
+    from tilepilot.runtime.runner import NpuRunner
+    from tilepilot.runtime.timing import time_plan
 
     if prompt_len < 1 or decode_tokens < 0:
         raise InputError("--prompt-len must be >= 1 and --decode-tokens >= 0")

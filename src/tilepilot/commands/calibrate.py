@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from tilepilot.npu import calibrate_against as ca
+from tilepilot.calibrate import harness as ca
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -43,10 +43,10 @@ def figures_line(n_prompt: int, result, host_s: float) -> str:
 def run(args) -> int:
     from tilepilot.model.checkpoint import load_checkpoint
     from tilepilot.model.tokenizer import Tokenizer
-    from tilepilot.runner.generate import generate_text
-    from tilepilot.runner.npu_runner import NpuRunner
-    from tilepilot.runner.sampling import SamplingParams
-    from tilepilot.workspace import load_workspace
+    from tilepilot.runtime.generate import generate_text
+    from tilepilot.runtime.runner import NpuRunner
+    from tilepilot.runtime.sampling import SamplingParams
+    from tilepilot.runtime.workspace import load_workspace
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     ws = load_workspace(args.workspace)

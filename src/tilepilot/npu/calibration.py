@@ -29,7 +29,7 @@ from tilepilot.npu.device import DDR_BYTES_PER_S_THEORETICAL, Device
 # The numbers are what fraction of the variant's peak rate (MACs/cycle or vector ops/cycle) the tile
 # kernel sustains inside its loop, loop overhead excluded.
 _EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (  # sorted by family name
-    # FITTED by tilepilot.npu.calibrate_against.fit_all (two-stage coordinate search, docs/calibration.md) to the
+    # FITTED by tilepilot.calibrate.harness.fit_all (two-stage coordinate search, docs/calibration.md) to the
     # 133 rows of npu2_kernel_measurements.json (per-kernel stage) and then jointly with the Llama-3.2-1B figures of
     # published.json (end-to-end stage: attention and gemv). Each entry names the rows that determine it.
     # attention: the 2 FlashAttention rows (15.4-16.1 ms, 35.0 ms) and the paper-like flash_attn group (21.6 ms per

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilepilot.errors import ConfigError
+from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, BlockGraph, OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
-from tilepilot.plan.graph import HOST_FAMILY, KIND_FAMILIES, BlockGraph, OpNode, block_graph
 from tilepilot.plan.plan import DeploymentPlan, HostPolicy, KernelCall, KernelGroup, StagePlan, check_plan
 
 # kind -> family by stage: prefill works on T rows (GEMM), decode on one row (GEMV).

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import ConfigError
+from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, block_graph
 from tilepilot.model.spec import ModelSpec
-from tilepilot.plan.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, block_graph
 
 PLAN_FORMAT = 1
 STAGES = ("prefill", "decode")

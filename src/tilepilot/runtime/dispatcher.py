@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
+from tilepilot.kernels.bind import binding, family_module, make_config
+from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import MultiLaunchGroup
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.timing import GroupTiming, HostCost, time_group
 from tilepilot.npu.trace import Trace
-from tilepilot.plan.bind import binding, family_module, make_config
-from tilepilot.plan.graph import KV_STATE, BlockGraph, OpNode
 from tilepilot.plan.plan import HostPolicy, KernelGroup
-from tilepilot.runner import host_ops
+from tilepilot.runtime import host_ops
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer, SyncCostModel, SyncEvent
 
 BF16 = torch.bfloat16
@@ -402,7 +402,7 @@ class Dispatcher:
 
     def _dry_cpu(self, g: KernelGroup, p: Pass) -> None:
         """Run a CPU group's host ops once on zero tensors of the real shapes (for HostOpTimer)."""
-        from tilepilot.plan.graph import weight_shape
+        from tilepilot.model.graph import weight_shape
 
         s = self.spec
         half = s.head_dim // 2

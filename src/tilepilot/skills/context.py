@@ -119,8 +119,8 @@ class DeployContext:
     @classmethod
     def create(cls, model_dir: str | Path, out: str | Path, *, resume: bool = False, settings: Settings | None = None):
         """Scope-check ``model_dir`` and scaffold (or, with ``resume``, reopen) the workspace ``out``."""
-        from tilepilot import workspace as ws_mod
         from tilepilot.model.spec import load_spec
+        from tilepilot.runtime import workspace as ws_mod
 
         out = Path(out)
         spec = load_spec(model_dir)  # scope check: raises ScopeError/ConfigError with one sentence
@@ -172,7 +172,7 @@ class DeployContext:
 
     # ---- workspace ----------------------------------------------------------------------------
     def _workspace(self):
-        from tilepilot import workspace as ws_mod
+        from tilepilot.runtime import workspace as ws_mod
 
         return ws_mod.load_workspace(self.root)
 
@@ -227,7 +227,7 @@ class DeployContext:
 
     def reference(self, prompt: list[int], second: list[int]):
         """The oracle's side of the model gate for these prompts (computed once per run; plans do not change it)."""
-        from tilepilot.skills.phases.model import oracle_reference
+        from tilepilot.harness.model_gate import oracle_reference
 
         key = (tuple(prompt), tuple(second), self.settings.greedy_steps)
         if key not in self._reference_cache:
@@ -316,14 +316,14 @@ class DeployContext:
 
     def make_runner(self, plan=None, trace=None):
         """The production runner for ``plan`` (default: the deployed one) with the workspace's runtime options."""
-        from tilepilot.skills.phases.model import make_runner
+        from tilepilot.harness.model_gate import make_runner
 
         return make_runner(plan or self.plan, self.weights, trace=trace, library=self.library, **self.runtime_options())
 
     # ---- timing -------------------------------------------------------------------------------
     def timing(self, plan, prompt_len: int | None = None):
         """Modeled timing of ``plan`` (cached by plan content: skills time the same plan many times)."""
-        from tilepilot.plan.timing import time_plan
+        from tilepilot.runtime.timing import time_plan
 
         n = prompt_len or self.settings.timing_prompt_len
         key = (plan_digest(plan), n)

@@ -145,11 +145,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     """Everything the evaluator measures itself; reads only deployment.json and the checkpoint."""
     import random
 
-    from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.npu.trace import Trace
-    from tilepilot.oracle.model import Oracle
-    from tilepilot.skills.context import RUNTIME_KEY, checkpoint_files, file_digest, plan_digest
-    from tilepilot.skills.phases.model import (
+    from tilepilot.harness.model_gate import (
         compare_model,
         lm_head_ranges,
         make_runner,
@@ -157,8 +153,12 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
         oracle_reference,
         run_production,
     )
-    from tilepilot.skills.prompts import EVAL_TEXTS, prompt_ids
-    from tilepilot.workspace import load_workspace
+    from tilepilot.harness.prompts import EVAL_TEXTS, prompt_ids
+    from tilepilot.model.checkpoint import load_checkpoint
+    from tilepilot.npu.trace import Trace
+    from tilepilot.oracle.model import Oracle
+    from tilepilot.runtime.workspace import load_workspace
+    from tilepilot.skills.context import RUNTIME_KEY, checkpoint_files, file_digest, plan_digest
 
     ws = load_workspace(root)
     plan, spec = ws.plan, ws.spec
@@ -205,7 +205,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
 
     # 3. the plan re-timed (modeled)
     from tilepilot.kernels.tuning import calibration_key
-    from tilepilot.plan.timing import time_plan
+    from tilepilot.runtime.timing import time_plan
     from tilepilot.skills.context import TIMING_PROMPT_LEN, perf_figures
 
     t = time_plan(plan, spec, prompt_len=TIMING_PROMPT_LEN)
@@ -223,7 +223,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 def _canonical_gate(name: str, spec) -> Any:
     from tilepilot.gates import thresholds as T
-    from tilepilot.skills.phases.model import model_gate_thresholds
+    from tilepilot.harness.model_gate import model_gate_thresholds
 
     if name == "full-model-validation":
         return model_gate_thresholds()
@@ -419,7 +419,7 @@ def verdict_of(checks: list[Check]) -> str:
 
 def evaluate(root: str | Path, *, seed: int | None = None, read_audit: ReadAudit | None = None) -> Evaluation:
     """Measure, then judge, then write ``evaluation_report.md``; see the module docstring."""
-    from tilepilot.workspace import load_workspace
+    from tilepilot.runtime.workspace import load_workspace
 
     root = Path(root)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)

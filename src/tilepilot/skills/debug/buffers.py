@@ -23,10 +23,10 @@ class FixStaleBuffer(DebugSkill):
     failure_modes = ("Staleness that survives with every buffer synced: not a buffer fault; needs a human.",)
 
     def run(self, ctx) -> SkillResult:
+        from tilepilot.harness.model_gate import gate_prompts, make_runner
         from tilepilot.runtime.buffers import StaleBufferError
         from tilepilot.skills.context import RUNTIME_KEY
         from tilepilot.skills.optimize.common import clone
-        from tilepilot.skills.phases.model import gate_prompts, make_runner
 
         opts = ctx.runtime_options()
         static = list(opts.get("static_buffers", []))

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, ClassVar
 
+from tilepilot.harness.probes import CallRef, Probe, call_shape, probe, probe_plan, stage_rows
 from tilepilot.skills.base import DebugSkill, SkillInput, SkillResult
-from tilepilot.skills.debug.probes import CallRef, Probe, call_shape, probe, probe_plan, stage_rows
 
 # Replacement configs tried per culprit call (the family default first, then its own ranking).
 MAX_CANDIDATES = 24
@@ -31,7 +31,7 @@ def resume_commands(name: str) -> tuple[str, ...]:
 def candidates(spec, call: CallRef, rows: int, context: int) -> list[dict[str, Any]]:
     """Plan config dicts to try, current one excluded: the per-shape family default ({}), the default for this
     shape, then the family's candidate configs in its own ranking."""
-    from tilepilot.plan.bind import family_module
+    from tilepilot.kernels.bind import family_module
 
     mod = family_module(call.family)
     shape = call_shape(spec, call, rows, context)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from tilepilot.harness.probes import Probe, group_checks
 from tilepilot.skills.base import DebugSkill, SkillResult
 from tilepilot.skills.classify import MERGED_LAUNCH_ARGUMENT_MISMATCH, TILE_MEMORY_OVERFLOW
 from tilepilot.skills.debug.common import WS_INPUT, ReconfigureSkill, resume_commands
-from tilepilot.skills.debug.probes import Probe, group_checks
 
 MEMORY_CODES = ("L1_OVERFLOW", "L2_OVERFLOW")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tilepilot.harness.probes import Probe
 from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, NAN_INF
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
-from tilepilot.skills.debug.probes import Probe
 
 # A call counts as less accurate than its family default when its probe's 1 - Pearson exceeds the default's by
 # this factor plus a floor (both far above run-to-run identity: probes are seeded, so equal configs match exactly).
@@ -67,7 +67,7 @@ class FixErrorGrowth(ReconfigureSkill):
         """Calls on reduced numerics, calls below their kernel gate, and calls measurably less accurate than their
         family's default config on the same probe inputs: an error small enough to pass one kernel's gate still
         compounds over dozens of layers."""
-        from tilepilot.skills.debug.probes import probe, stage_rows
+        from tilepilot.harness.probes import probe, stage_rows
 
         out = []
         for p in probes:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from tilepilot.harness.probes import Probe
 from tilepilot.skills.classify import ONE_PARTITION_WRONG
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
-from tilepilot.skills.debug.probes import Probe
 
 
 class FixPartition(ReconfigureSkill):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from tilepilot.harness.probes import Probe
 from tilepilot.skills.classify import GOOD_COSINE, LATE_POSITIONS_ONLY, ROPE_LAYOUT_MISMATCH, late_positions_bad
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
-from tilepilot.skills.debug.probes import Probe
 
 
 def _late_only(rows: list[float]) -> bool:

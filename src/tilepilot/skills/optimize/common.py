@@ -72,7 +72,7 @@ class PlanOptimization(OptimizeSkill):
 
 def new_instances_failing(ctx: DeployContext, before, after) -> list[str]:
     """Probe (phase-1 style) the kernel instances ``after`` uses that ``before`` did not; labels of failures."""
-    from tilepilot.skills.debug.probes import group_checks, plan_calls, probe, stage_rows
+    from tilepilot.harness.probes import group_checks, plan_calls, probe, stage_rows
 
     old = {(c.stage, c.op, c.family, c.config) for c in plan_calls(before)}
     bad = []
@@ -130,7 +130,7 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
         elif bad := new_instances_failing(ctx, before_plan, prop.plan):
             row["decision"] = "rejected: kernel probe failed (" + "; ".join(bad) + ")"
         else:
-            from tilepilot.skills.phases.model import model_gate
+            from tilepilot.harness.model_gate import model_gate
 
             s = ctx.settings
             steps = s.greedy_steps if ctx.full_proposal_gate else s.proposal_greedy_steps

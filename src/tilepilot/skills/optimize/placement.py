@@ -20,8 +20,8 @@ _MOVES = (("attention", ("kv_write", "attention")), ("LM head", ("lm_head", "fin
 
 def _to_npu(plan, stage: str, kinds: tuple[str, ...]):
     """A copy of ``plan`` with every CPU group of ``stage`` whose ops are all of ``kinds`` moved to the NPU."""
+    from tilepilot.model.graph import block_graph
     from tilepilot.plan.builtin import npu_family
-    from tilepilot.plan.graph import block_graph
 
     graph = block_graph(plan.model_spec())
     new = clone(plan)

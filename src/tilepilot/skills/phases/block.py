@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tilepilot.harness.model_gate import gate_prompts
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
-from tilepilot.skills.phases.model import gate_prompts
 
 
 def measure_block(ctx, plan) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -77,7 +77,7 @@ class SingleBlockValidation(PhaseSkill):
             return finish(self, ctx, report, {"validator_codes": codes, "error": str(e)}, "block could not be built")
         report = T.phase2_gate(ctx.spec.head_dim).evaluate(m)
         if not report.passed:
-            from tilepilot.skills.debug.probes import rope_probe
+            from tilepilot.harness.probes import rope_probe
 
             evidence["rope_position_cosine"] = rope_probe(ctx.plan, ctx.spec)
         summary = f"block 0 cosine {m[T.COSINE]:.5f}, min position cosine {m[T.MIN_POSITION_COSINE]:.5f}"

@@ -25,9 +25,9 @@ GENERATE_TOKENS = 16  # enough decode steps to exercise the KV cache; the model 
 
 
 def _registry_rows(ctx, probes) -> list[Any]:
+    from tilepilot.kernels.bind import family_module, make_config
     from tilepilot.kernels.registry import RegistryRow
     from tilepilot.kernels.tuning import modeled_seconds, timing_key
-    from tilepilot.plan.bind import family_module, make_config
 
     rows, name = [], ctx.spec.name or ctx.spec.architecture
     for p in probes:
@@ -76,7 +76,7 @@ def _perf_lessons(ctx) -> list[dict[str, Any]]:
 def _oracle_greedy(ctx, ids: list[int], n: int) -> tuple[list[int], list[list[int]]]:
     """The oracle's greedy tokens and top-5 ids on the gate prompt: the model gate's cached reference when it is
     long enough (the deployment computed it once, in phase 0), else a fresh run."""
-    from tilepilot.skills.phases.model import gate_prompts
+    from tilepilot.harness.model_gate import gate_prompts
 
     ref = ctx.reference(*gate_prompts(ctx))
     if ref.prompt == list(ids) and len(ref.greedy_tokens) >= n:
@@ -118,9 +118,9 @@ class FinalizeAndLearn(PhaseSkill):
 
         from tilepilot.gates import metrics as M
         from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.skills.debug.probes import probe_plan
+        from tilepilot.harness.model_gate import gate_prompts
+        from tilepilot.harness.probes import probe_plan
         from tilepilot.skills.phases.kernels import probe_evidence
-        from tilepilot.skills.phases.model import gate_prompts
 
         plan = ctx.plan
         ids, _ = gate_prompts(ctx)

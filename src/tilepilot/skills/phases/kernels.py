@@ -64,7 +64,7 @@ class KernelValidation(PhaseSkill):
 
     def run(self, ctx):
         from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.skills.debug.probes import group_checks, probe_plan
+        from tilepilot.harness.probes import group_checks, probe_plan
 
         probes = probe_plan(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed)
         groups = group_checks(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len)

@@ -52,9 +52,9 @@ class _OptimizationPhase(PhaseSkill):
     def run(self, ctx):
         from tilepilot.gates import thresholds as T
         from tilepilot.gates.gate import Gate, Threshold
+        from tilepilot.harness.model_gate import model_gate
         from tilepilot.kernels.tuning import calibration_key
         from tilepilot.skills import registry
-        from tilepilot.skills.phases.model import model_gate
 
         base = baseline(ctx)
         start = clone(ctx.plan)
@@ -133,7 +133,7 @@ def _applied(skills: list[dict[str, Any]]) -> int:
 def _extra_thresholds():
     """The model gate's thresholds beyond phase 3's own (the second-prompt check)."""
     from tilepilot.gates.thresholds import phase3_thresholds
-    from tilepilot.skills.phases.model import model_gate_thresholds
+    from tilepilot.harness.model_gate import model_gate_thresholds
 
     base = {t.metric for t in phase3_thresholds()}
     return [t for t in model_gate_thresholds().thresholds if t.metric not in base]

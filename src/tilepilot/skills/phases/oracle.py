@@ -63,7 +63,7 @@ class BuildCpuOracle(PhaseSkill):
         from tilepilot.gates import metrics as M
         from tilepilot.gates import thresholds as T
         from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.skills.phases.model import gate_prompts
+        from tilepilot.harness.model_gate import gate_prompts
 
         spec = ctx.spec
         digest = ctx.checkpoint_digest()

@@ -13,8 +13,8 @@ from typing import Any
 
 from tilepilot.errors import InputError
 from tilepilot.model.tokenizer import IncrementalDecoder
-from tilepilot.runner.npu_runner import GenerationResult, NpuRunner
-from tilepilot.runner.sampling import SamplingParams
+from tilepilot.runtime.runner import GenerationResult, NpuRunner
+from tilepilot.runtime.sampling import SamplingParams
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tilepilot.errors import InputError
-from tilepilot.runner.sampling import Sampler, SamplingParams
+from tilepilot.runtime.sampling import Sampler, SamplingParams
 
 
 def test_greedy_is_argmax():

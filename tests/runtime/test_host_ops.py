@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tilepilot.oracle import ops
-from tilepilot.runner import host_ops
+from tilepilot.runtime import host_ops
 
 G = torch.Generator().manual_seed(0)
 
@@ -48,7 +48,7 @@ def test_attention_matches_oracle_prefill_and_decode():
 
 
 def test_long_prefill_attention_is_blocked_and_equal():
-    from tilepilot.runner.host_ops import ATTENTION_QUERY_BLOCK
+    from tilepilot.runtime.host_ops import ATTENTION_QUERY_BLOCK
 
     t, h, kvh, d = ATTENTION_QUERY_BLOCK + 37, 4, 2, 8
     q, k, v = bf(t, h * d), bf(t, kvh * d), bf(t, kvh * d)

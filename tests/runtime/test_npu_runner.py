@@ -14,9 +14,9 @@ from tilepilot.npu.trace import Trace
 from tilepilot.oracle.capture import capture_name
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan
-from tilepilot.plan.timing import time_plan
-from tilepilot.runner.npu_runner import NpuRunner
 from tilepilot.runtime.buffers import StaleBufferError
+from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.timing import time_plan
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8, 77, 140, 5, 63]
 STEPS = 32

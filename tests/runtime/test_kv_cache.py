@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tilepilot.errors import InputError
-from tilepilot.runner.kv_cache import KVCache
+from tilepilot.runtime.kv_cache import KVCache
 
 
 def test_write_advance_and_growth_keep_rows():

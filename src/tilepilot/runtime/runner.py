@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 import torch
 
 from tilepilot.errors import InputError
+from tilepilot.model.graph import BLOCK_OUTPUT, LAYER_INPUT, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.weights import WeightSource
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.trace import Trace
-from tilepilot.plan.graph import BLOCK_OUTPUT, LAYER_INPUT, block_graph
 from tilepilot.plan.plan import DeploymentPlan, check_plan
-from tilepilot.runner.kv_cache import KVCache
-from tilepilot.runner.rope_tables import RopeTables
-from tilepilot.runner.sampling import Sampler, SamplingParams
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer
 from tilepilot.runtime.dispatcher import Dispatcher, HostOpTimer, KernelLibrary, KVState, Pass, sync_costs
+from tilepilot.runtime.kv_cache import KVCache
+from tilepilot.runtime.rope_tables import RopeTables
+from tilepilot.runtime.sampling import Sampler, SamplingParams
 
 BF16 = torch.bfloat16
 

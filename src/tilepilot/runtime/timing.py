@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
+from tilepilot.model.graph import block_graph, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.weights import LayerWeights
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.device import Device
 from tilepilot.npu.trace import Trace
-from tilepilot.plan.graph import block_graph, weight_shape
 from tilepilot.plan.plan import DeploymentPlan
 from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
 
@@ -169,7 +169,7 @@ def time_plan(
     timer: HostOpTimer | None = None,
 ) -> PlanTiming:
     """Modeled TTFT and decode latency of ``plan`` (see the module docstring for the conventions)."""
-    from tilepilot.runner.npu_runner import NpuRunner
+    from tilepilot.runtime.runner import NpuRunner
 
     spec = spec or plan.model_spec()
     context_len = context_len or prompt_len

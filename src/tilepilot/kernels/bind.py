@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError
+from tilepilot.model.graph import OpNode
 from tilepilot.model.spec import ModelSpec
-from tilepilot.plan.graph import OpNode
 
 Args = dict[str, Any]
 
@@ -63,7 +63,7 @@ class Binding:
 
 # ---- linear: GEMM (prefill) and GEMV (decode) ---------------------------------------------------------------------
 def _linear_dims(node: OpNode, spec: ModelSpec) -> tuple[int, int]:
-    from tilepilot.plan.graph import weight_shape
+    from tilepilot.model.graph import weight_shape
 
     n, k = weight_shape(spec, node.weights[0])
     return n, k

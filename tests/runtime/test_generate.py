@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from tilepilot.model.tokenizer import IncrementalDecoder
 from tilepilot.plan.builtin import builtin_plan
-from tilepilot.runner.generate import generate_text
-from tilepilot.runner.npu_runner import NpuRunner
+from tilepilot.runtime.generate import generate_text
+from tilepilot.runtime.runner import NpuRunner
 
 
 class ByteTokenizer:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tilepilot.plan.graph import KV_FAMILY, block_graph
+from tilepilot.model.graph import KV_FAMILY, block_graph
 
 # The tile-level executor is exact and slow; instances above this many MACs skip it (recorded).
 TILE_PATH_MAX_MACS = 4_000_000
@@ -27,7 +27,7 @@ ROPE_PROBE_ROWS = 16
 
 @functools.lru_cache(maxsize=512)
 def _default_config(family: str, shape):
-    from tilepilot.plan.bind import family_module
+    from tilepilot.kernels.bind import family_module
 
     return family_module(family).default_config(shape)
 
@@ -35,7 +35,7 @@ def _default_config(family: str, shape):
 def config_for(family: str, shape, config: dict[str, Any]):
     """The family Config of a plan config dict; ``{}`` is the family default, memoized per shape (a GEMM
     default ranks every candidate tiling, ~0.07 s, and probes ask for the same shapes again and again)."""
-    from tilepilot.plan.bind import family_module, make_config
+    from tilepilot.kernels.bind import family_module, make_config
 
     if not config:
         return _default_config(family, shape)
@@ -77,7 +77,7 @@ def plan_calls(plan) -> list[CallRef]:
 
 
 def call_shape(spec, call: CallRef, rows: int, context: int, config: dict[str, Any] | None = None):
-    from tilepilot.plan.bind import binding
+    from tilepilot.kernels.bind import binding
 
     node = block_graph(spec).node(call.op)
     cfg = call.config_dict if config is None else config
@@ -165,10 +165,10 @@ def probe(
     """Validate and run one call's design alone; compare with the FP32 reference (and the tile path)."""
     from tilepilot.gates import metrics as M
     from tilepilot.gates import thresholds as T
+    from tilepilot.kernels.bind import family_module
     from tilepilot.npu.design import MultiLaunchGroup
     from tilepilot.npu.execute import run_group_tile, run_tile
     from tilepilot.npu.validate import validate, validate_group
-    from tilepilot.plan.bind import family_module
 
     cfg_dict = call.config_dict if config is None else dict(config)
     mod = family_module(call.family)

@@ -555,7 +555,7 @@ def end_to_end_figures(cal: Calibration = CALIBRATION, cpu: str = "estimated") -
     try:
         from tilepilot.model.zoo import get_zoo_model
         from tilepilot.plan.builtin import iron_like_plan, paper_like_plan
-        from tilepilot.plan.timing import time_plan
+        from tilepilot.runtime.timing import time_plan
     except ImportError as e:
         return [
             Figure(k, "end_to_end", label, p, None, f"not modeled yet: {e}", i < n_checked)

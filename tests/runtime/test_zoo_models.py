@@ -18,7 +18,7 @@ from tilepilot.npu.trace import Trace
 from tilepilot.oracle.capture import capture_name
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan
-from tilepilot.runner.npu_runner import NpuRunner
+from tilepilot.runtime.runner import NpuRunner
 
 MODELS = ["llama-3.2-1b", "smollm2-1.7b", "qwen2.5-0.5b", "qwen3-0.6b"]
 PROMPT = [15, 4021, 88, 923, 7, 311, 2650, 41, 1200, 9]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tilepilot.errors import ConfigError, ScopeError, WorkspaceError
-from tilepilot.workspace import DEPLOYMENT_FILE, is_workspace, load_workspace, make_workspace
+from tilepilot.runtime.workspace import DEPLOYMENT_FILE, is_workspace, load_workspace, make_workspace
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],

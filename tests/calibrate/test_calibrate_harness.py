@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from tilepilot.calibrate import harness as ca
 from tilepilot.cli import main
-from tilepilot.npu import calibrate_against as ca
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.design import MultiLaunchGroup
 from tilepilot.npu.validate import validate, validate_group

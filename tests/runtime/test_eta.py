@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from tilepilot.eta import (
+from tilepilot.model.spec import spec_from_config
+from tilepilot.model.zoo import ZOO, get_zoo_model
+from tilepilot.runtime.eta import (
     ETA_GOAL,
     REFERENCE_MODEL,
     EtaScale,
@@ -17,8 +19,6 @@ from tilepilot.eta import (
     prefill_flops,
     sustained,
 )
-from tilepilot.model.spec import spec_from_config
-from tilepilot.model.zoo import ZOO, get_zoo_model
 
 
 def _tiny(**over):
