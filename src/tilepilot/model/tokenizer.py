@@ -3,7 +3,10 @@
 We do not go through transformers at run time: the fast tokenizer file alone carries the vocabulary,
 merges, normalizer and special tokens, and the chat template is a jinja2 string in
 ``tokenizer_config.json``. Rendering it in a sandboxed environment with the helpers Hugging Face
-templates expect (``raise_exception``, ``bos_token``...) gives the same prompt text.
+templates expect (``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII text, the
+``loopcontrols`` extension, every special token by name) gives the same prompt text as transformers.
+End-of-generation ids come from ``generation_config.json`` when the model has one (it may list several,
+e.g. an end-of-turn token besides EOS), else from the tokenizer's ``eos_token``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class Tokenizer:
         self.bos_id = bos_id
         self.eos_ids = tuple(eos_ids)
         self.chat_template: str | None = config.get("chat_template")
+        # System turn put in front of every conversation that has none (``generate --system``); None keeps
+        # the template's own behaviour (SmolLM2's, for one, then writes its built-in system prompt).
+        self.system_prompt: str | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, bos_id: int | None = None, eos_ids: Sequence[int] = ()) -> Tokenizer:
@@ -61,6 +67,8 @@ class Tokenizer:
             config["chat_template"] = jinja_file.read_text(encoding="utf-8")
         if bos_id is None:
             bos_id = _id_of(backend, _token_text(config.get("bos_token")))
+        if not eos_ids:
+            eos_ids = _generation_eos(model_dir)
         if not eos_ids:
             eos = _id_of(backend, _token_text(config.get("eos_token")))
             eos_ids = (eos,) if eos is not None else ()
@@ -97,27 +105,93 @@ class Tokenizer:
         if tail:
             yield tail
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def special_tokens(self) -> dict[str, str]:
+        """Special tokens by the names templates use (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``)."""
+        out = {}
+        for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            text = _token_text(self.config.get(name))
+            if text is not None:
+                out[name] = text
+        return out
+
+    def chat_messages(self, prompt: str, system: str | None = None) -> list[dict[str, str]]:
+        """One user turn, after a system turn if ``system`` (or ``self.system_prompt``) is set."""
+        system = system if system is not None else self.system_prompt
+        head = [{"role": "system", "content": system}] if system is not None else []
+        return [*head, {"role": "user", "content": prompt}]
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """The prompt text the model's own template makes of ``messages`` (as transformers renders it).
+
+        ``self.system_prompt`` is put first when the messages have no system turn; extra keyword arguments
+        (``tools``, ``enable_thinking``...) reach the template as variables, as in transformers.
+        """
         if not self.chat_template:
             raise TokenizerError("this model has no chat template in tokenizer_config.json; pass a plain prompt")
+        if self.system_prompt is not None and not (messages and messages[0].get("role") == "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise TokenizerError(f"the chat template rejected the messages: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
         try:
-            template = env.from_string(self.chat_template)
+            template = _chat_environment().from_string(self.chat_template)
             return template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
-                bos_token=_token_text(self.config.get("bos_token")) or "",
-                eos_token=_token_text(self.config.get("eos_token")) or "",
+                **{"bos_token": "", "eos_token": "", **self.special_tokens(), **kwargs},
             )
+        except _TemplateRaised as e:
+            raise TokenizerError(f"the chat template rejected the messages: {e}") from None
         except TemplateError as e:
             raise TokenizerError(f"the chat template cannot be rendered: {e}") from None
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the rendered conversation (special tokens the template writes become their ids)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_bos=False)
+
+
+class _TemplateRaised(Exception):
+    """``raise_exception`` called by a template (kept apart from jinja's own errors for the message)."""
+
+
+def _chat_environment():
+    """The jinja2 environment transformers renders chat templates in: same extensions, filters and globals."""
+    import datetime
+
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise _TemplateRaised(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
+        # jinja's own tojson escapes HTML characters and non-ASCII text, which changes the prompt
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+def _generation_eos(model_dir: Path) -> tuple[int, ...]:
+    """``eos_token_id`` of ``generation_config.json`` (an int or a list), or () if there is none."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError):
+        raise TokenizerError(
+            f"generation_config.json in {model_dir} is not a valid JSON object; fix or remove it"
+        ) from None
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return (eos,)
+    if isinstance(eos, list) and all(isinstance(i, int) for i in eos):
+        return tuple(eos)
+    return ()
 
 
 class IncrementalDecoder:

@@ -1,0 +1,144 @@
+"""``import_gguf``: one GGUF file in, one complete Hugging Face model directory out, or nothing.
+
+Everything is written into a temporary directory beside ``out`` and renamed into place at the end (a
+rename within one file system is atomic), so a crash, a refused file or Ctrl-C never leaves a directory
+that looks like a model but is not one. Checks that need only metadata (architecture, scope, tensor
+names and shapes, tokenizer) all run before the first tensor is dequantized.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tilepilot.model.gguf.config import eos_ids, generation_config, hf_config
+from tilepilot.model.gguf.reader import GGUFFile, open_gguf
+from tilepilot.model.gguf.tensors import check_against_spec, hf_tensors, selected
+from tilepilot.model.gguf.tokenizer import build_tokenizer, tokenizer_config
+from tilepilot.model.spec import spec_from_config
+from tilepilot.model.zoo import DEFAULT_SHARD_BYTES, check_out_dir
+
+SOURCE_FILE = "gguf_source.json"  # provenance; also tells a later run which file a directory came from
+
+# (step label, units done, units total); called as tensors are converted
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    out: Path
+    architecture: str
+    n_layers: int
+    n_tensors: int
+    quant_types: dict[str, int]
+
+
+def source_record(path: Path) -> dict[str, Any]:
+    """What identifies the source file cheaply (no hashing of multi-GB files)."""
+    st = path.stat()
+    return {"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _shards(pairs: list[tuple[str, str]], gguf: GGUFFile, shard_bytes: int) -> list[list[tuple[str, str]]]:
+    """Group tensors into shards of at most ``shard_bytes`` of bf16 (one shard may exceed it alone)."""
+    shards: list[list[tuple[str, str]]] = [[]]
+    size = 0
+    for g, hf in pairs:
+        nbytes = 2 * int(gguf.tensors[g].n_elements)
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((g, hf))
+        size += nbytes
+    return shards
+
+
+def _write_weights(
+    tmp: Path, gguf: GGUFFile, pairs: list[tuple[str, str]], cfg: dict[str, Any], shard_bytes: int, progress: ProgressFn
+) -> None:
+    from safetensors.torch import save_file
+
+    shards = _shards(pairs, gguf, shard_bytes)
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    weight_map: dict[str, str] = {}
+    total = 0
+    done = 0
+    for fname, shard in zip(names, shards, strict=True):
+        tensors = {}
+        for hf, t in hf_tensors(gguf, shard, cfg):
+            tensors[hf] = t
+            weight_map[hf] = fname
+            total += t.numel() * 2
+            done += 1
+            progress("dequantizing to bf16", done, len(pairs))
+        save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        del tensors
+    if len(shards) > 1:
+        _write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def import_gguf(
+    src: str | Path,
+    out: str | Path,
+    *,
+    layers: int | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: ProgressFn | None = None,
+) -> ImportResult:
+    """Convert the GGUF at ``src`` into a Hugging Face directory at ``out`` (new or empty).
+
+    ``layers`` keeps only the first N decoder layers (for tests and smoke runs; the result is then not
+    the published model). Raises ScopeError/CheckpointError/TokenizerError/ConfigError with one sentence.
+    """
+    report = progress or (lambda step, done, total: None)
+    src = Path(src)
+    out = check_out_dir(out)
+    gguf = open_gguf(src)
+    cfg = hf_config(gguf, layers)
+    pairs = selected(gguf, cfg["num_hidden_layers"])
+    check_against_spec(pairs, gguf, spec_from_config(cfg).tensor_shapes())
+    tokenizer = build_tokenizer(gguf)
+    if tokenizer.get_vocab_size(with_added_tokens=True) > cfg["vocab_size"]:
+        from tilepilot.errors import TokenizerError
+
+        raise TokenizerError(
+            f"the GGUF's tokenizer has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens but the embedding "
+            f"only {cfg['vocab_size']} rows; the file is inconsistent — re-convert it"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
+    try:
+        _write_json(tmp / "config.json", cfg)
+        _write_json(tmp / "generation_config.json", generation_config(cfg, eos_ids(gguf)))
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        _write_json(tmp / "tokenizer_config.json", tokenizer_config(gguf, tokenizer, cfg["max_position_embeddings"]))
+        _write_weights(tmp, gguf, pairs, cfg, shard_bytes, report)
+        quant: dict[str, int] = {}
+        for g, _ in pairs:
+            name = gguf.tensors[g].tensor_type.name
+            quant[name] = quant.get(name, 0) + 1
+        record = {**source_record(src), "general.name": gguf.metadata.get("general.name"), "quant_types": quant}
+        if layers is not None:
+            record["layers_kept"] = cfg["num_hidden_layers"]
+        _write_json(tmp / SOURCE_FILE, record)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ImportResult(out, cfg["architectures"][0], cfg["num_hidden_layers"], len(pairs), quant)
