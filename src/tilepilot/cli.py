@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tilepilot.errors import TilepilotError  # noqa: E402
 
 # sub-command name -> module under tilepilot.commands; imported lazily so `--help` stays fast.
-COMMANDS = ("zoo", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "skills")
+COMMANDS = ("zoo", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "report", "skills")
 
 
 def _load(name: str):
