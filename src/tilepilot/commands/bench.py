@@ -84,7 +84,7 @@ def bench(
     trace_path: Path | None = None,
 ) -> dict[str, Any]:
     from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.npu.trace import Trace
+    from tilepilot.npu.trace import Trace, library_layouts
     from tilepilot.runtime.runner import NpuRunner
     from tilepilot.runtime.timing import time_plan
 
@@ -108,7 +108,7 @@ def bench(
     load_s = time.perf_counter() - t0
     result = runner.generate(_run_ids(tokenizer, run_len, spec.vocab), decode_tokens + 1, stop_ids=())
     if trace_path is not None:
-        trace.to_chrome(trace_path)
+        trace.to_chrome(trace_path, library_layouts(runner.library))  # + per-column / tile / channel tracks
     return {
         "model": spec.name,
         "plan": plan.name,
