@@ -27,6 +27,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off")
     p.add_argument("--seed", type=int, default=None, metavar="S")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument(
+        "--trace", type=Path, default=None, metavar="FILE", help="write the run's Chrome trace (ui.perfetto.dev)"
+    )
     return p
 
 
@@ -43,6 +46,7 @@ def figures_line(n_prompt: int, result, host_s: float) -> str:
 def run(args) -> int:
     from tilepilot.model.checkpoint import load_checkpoint
     from tilepilot.model.tokenizer import Tokenizer
+    from tilepilot.npu.trace import Trace, library_layouts
     from tilepilot.runtime.generate import generate_text
     from tilepilot.runtime.runner import NpuRunner
     from tilepilot.runtime.sampling import SamplingParams
@@ -53,7 +57,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     weights = load_checkpoint(ws.model_dir)
     tokenizer = Tokenizer.from_dir(ws.model_dir)
-    runner = NpuRunner(ws.plan, weights, **ws.runner_options)
+    trace = Trace()
+    runner = NpuRunner(ws.plan, weights, trace=trace, **ws.runner_options)
 
     def emit(text: str) -> None:
         sys.stdout.write(text)
@@ -71,4 +76,7 @@ def run(args) -> int:
     host_s = time.perf_counter() - t0
     sys.stdout.write("\n")
     print(figures_line(len(gen.prompt_ids), gen.result, host_s))
+    if args.trace is not None:
+        trace.to_chrome(args.trace, library_layouts(runner.library))
+        print(f"Chrome trace (NPU modeled, host measured): {args.trace}")
     return 0
