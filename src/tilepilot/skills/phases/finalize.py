@@ -16,7 +16,7 @@ from typing import Any
 
 from tilepilot.skills.base import PhaseSkill, SkillInput
 from tilepilot.skills.context import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, KNOWLEDGE_REGISTRY, perf_figures
-from tilepilot.skills.journal import atomic_write, atomic_write_json
+from tilepilot.skills.journal import TRACE_DIR, atomic_write, atomic_write_json
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
 SRC_GEN = "DESIGN.md section 6 phase 6: generate works (greedy tokens equal the oracle's under the token-set rule)"
@@ -128,6 +128,10 @@ class FinalizeAndLearn(PhaseSkill):
         t0 = time.perf_counter()
         gen = runner.generate(ids, GENERATE_TOKENS, stop_ids=())
         host_s = time.perf_counter() - t0
+        # the final plan's run as Chrome traces (trace/prefill.json, trace/decode.json) for Perfetto and the report
+        from tilepilot.npu.trace import library_layouts
+
+        traces = runner.trace.write_phases(ctx.root / TRACE_DIR, library_layouts(runner.library))
         ref_tokens, ref_top5 = _oracle_greedy(ctx, ids, GENERATE_TOKENS)
         # generate does not return the runner's top-5 per step; the token-set rule reads it only at the first
         # divergence, so a second runner replays the steps up to there (none when the tokens are identical).
@@ -198,6 +202,7 @@ class FinalizeAndLearn(PhaseSkill):
             "modeled_decode_s_per_token": gen.modeled_decode_s_per_token,
             "knowledge_dir": str(kd) if kd else None,
             "written": written,
+            "traces": {phase: str(p) for phase, p in traces.items()},
         }
         summary = (
             f"generated {len(gen.tokens)} tokens ({check.message}); {len(probes) - len(failed)}/{len(probes)} final "
