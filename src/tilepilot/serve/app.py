@@ -251,15 +251,18 @@ def create_app(engine: Engine) -> FastAPI:
 
     async def collect(request: Request, stream: _Stream) -> Finished:
         """Wait for the end of a non-streaming job; cancel it if the client goes away meanwhile."""
+        checked = time.monotonic()
         try:
             while True:
                 try:
                     ev = await asyncio.wait_for(stream.events.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
+                    ev = None
+                if time.monotonic() - checked >= DISCONNECT_POLL_S:  # text events may never leave a gap
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         stream.job.cancel()
-                        raise ApiError(499, "the client closed the request", code="client_closed") from None
-                    continue
+                        raise ApiError(499, "the client closed the request", code="client_closed")
                 if isinstance(ev, Failed):
                     raise _as_api_error(ev.error)
                 if isinstance(ev, Finished):
