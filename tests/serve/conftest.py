@@ -8,7 +8,6 @@ and always kills the process in teardown, whatever the test did.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from serve_helpers import subprocess_env
 
 from tilepilot.runtime.workspace import make_workspace
 
@@ -33,15 +33,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def subprocess_env() -> dict[str, str]:
-    """One torch thread per process: the test machine has 2 cores shared by the client and the server."""
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @dataclass

@@ -24,6 +24,9 @@ def assert_labelled_figures(fig: dict, decode_steps: bool) -> None:
     if decode_steps:
         assert fig["modeled_decode_tok_s"] > 0
     assert "modeled" in fig["note"] and "measured" in fig["note"]
+    assert 0 <= fig["ttft_cpu_measured_s"] <= fig["modeled_ttft_s"]  # the measured part of the runner's timeline
+    if decode_steps:
+        assert 0 <= fig["decode_cpu_measured_s_per_token"] <= 1 / fig["modeled_decode_tok_s"]
 
 
 def stream_chat(client, model_id, **kw):

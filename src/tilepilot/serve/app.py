@@ -154,6 +154,8 @@ def _figures(f: Finished) -> TilepilotFigures:
     return TilepilotFigures(
         modeled_ttft_s=f.modeled_ttft_s,
         modeled_decode_tok_s=f.modeled_decode_tok_s,
+        ttft_cpu_measured_s=f.ttft_cpu_measured_s,
+        decode_cpu_measured_s_per_token=f.decode_cpu_measured_s_per_token,
         measured_host_s=f.measured_host_s,
         measured_queue_s=f.measured_queue_s,
         cached_prompt_tokens=f.cached_tokens,

@@ -66,8 +66,10 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    modeled_ttft_s: float  # modeled NPU time of this request's prefill (only the uncached part)
-    modeled_decode_s: tuple[float, ...]  # modeled NPU time of each decode step
+    modeled_ttft_s: float  # timeline of this request's prefill (only the uncached part), as the runner times it
+    modeled_decode_s: tuple[float, ...]  # the same for each decode step
+    ttft_cpu_measured_s: float  # the part of modeled_ttft_s that is the plan's CPU groups, measured on this host
+    decode_cpu_measured_s: float  # the same, summed over the decode steps
     measured_host_s: float  # measured host wall clock of the run (prefill + decode + sampling + detokenizing)
     measured_queue_s: float  # measured wait in the queue before the run started
 
@@ -77,6 +79,10 @@ class Finished:
             return None
         per_token = sum(self.modeled_decode_s) / len(self.modeled_decode_s)
         return 1.0 / per_token if per_token > 0 else None
+
+    @property
+    def decode_cpu_measured_s_per_token(self) -> float:
+        return self.decode_cpu_measured_s / len(self.modeled_decode_s) if self.modeled_decode_s else 0.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,16 @@ def open_deployment(workspace: str | Path) -> tuple[NpuRunner, Any, str]:
     tokenizer = Tokenizer.from_dir(ws.model_dir)
     runner = NpuRunner(ws.plan, weights, **ws.runner_options)
     return runner, tokenizer, ws.spec.name or ws.model_dir.name
+
+
+def cpu_measured_s(trace: Any, mark: int) -> float:
+    """Measured host time of CPU groups since ``mark``: the part of the runner's timeline that is not modeled.
+
+    The runner's window (``_window_s``, what ``tilepilot generate`` prints as modeled) adds the plan's CPU
+    groups as measured in a functional run to the modeled NPU dispatches and syncs; reporting this part
+    beside it keeps the modeled and the measured apart.
+    """
+    return sum(e.duration_s for e in trace.events[mark:] if e.kind == "cpu" and e.clock == "measured")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -329,6 +345,8 @@ class Engine:
         step = r.extend(ids[cached:], all_logits=False)
         self._cached[:] = ids
         modeled_ttft = _window_s(r.trace, mark)
+        ttft_cpu = cpu_measured_s(r.trace, mark)
+        decode_cpu = 0.0
 
         sampler = Sampler(p.sampling)
         decoder = IncrementalDecoder(self.tokenizer)
@@ -364,6 +382,7 @@ class Engine:
             logits = r.decode(tok).logits[-1]
             self._cached.append(tok)
             modeled_decode.append(_window_s(r.trace, mark))
+            decode_cpu += cpu_measured_s(r.trace, mark)
         if not stops.hit:
             text, hit = stops.push(decoder.flush())
             out(text)
@@ -378,6 +397,8 @@ class Engine:
             cached_tokens=cached,
             modeled_ttft_s=modeled_ttft,
             modeled_decode_s=tuple(modeled_decode),
+            ttft_cpu_measured_s=ttft_cpu,
+            decode_cpu_measured_s=decode_cpu,
             measured_host_s=time.perf_counter() - t0,
             measured_queue_s=queued,
         )

@@ -25,8 +25,10 @@ def figures_line(f: Finished) -> str:
     tok_s = f"{f.modeled_decode_tok_s:.1f} tok/s" if f.modeled_decode_tok_s else "n/a (no decode step)"
     reused = f", {f.cached_tokens} reused from the KV cache" if f.cached_tokens else ""
     reason = "interrupted" if f.finish_reason == "cancelled" else f.finish_reason
+    cpu = f.ttft_cpu_measured_s + f.decode_cpu_measured_s
+    cpu_note = f" (incl. CPU groups measured {cpu * 1e3:.1f} ms)" if cpu > 0 else ""
     return (
-        f"[modeled TTFT {f.modeled_ttft_s * 1e3:.1f} ms | modeled decode {tok_s} | "
+        f"[modeled TTFT {f.modeled_ttft_s * 1e3:.1f} ms | modeled decode {tok_s}{cpu_note} | "
         f"measured host {f.measured_host_s:.2f} s | prompt {f.prompt_tokens} tokens{reused} | "
         f"{f.completion_tokens} generated ({reason})]"
     )
@@ -118,21 +120,23 @@ class ChatRepl:
             return
         events: queue.Queue[Event] = queue.Queue()
         job = self.engine.submit(ids, GenerationParams(max_tokens, self.sampling), events.put)
-        self.say(REPLY_PREFIX, end="")
         end: Finished | None = None
+        shown = False
         while end is None:
             try:
+                if not shown:
+                    shown = True
+                    self.say(REPLY_PREFIX, end="")
                 ev = events.get()
-            except KeyboardInterrupt:
-                job.cancel()  # the engine stops at the next token and still sends Finished
-                continue
-            if isinstance(ev, TextDelta):
-                self.say(ev.text, end="")
-            elif isinstance(ev, Failed):
-                self.say(f"\n[error: {ev.error}]")
-                return
-            else:
-                end = ev
+                if isinstance(ev, TextDelta):
+                    self.say(ev.text, end="")
+                elif isinstance(ev, Failed):
+                    self.say(f"\n[error: {ev.error}]")
+                    return
+                else:
+                    end = ev
+            except KeyboardInterrupt:  # wherever it lands: the engine stops at the next token, still sends Finished
+                job.cancel()
         self.say()
         self.messages = [*messages, {"role": "assistant", "content": end.text}]
         self.say(figures_line(end))
