@@ -20,7 +20,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from tilepilot.errors import TilepilotError  # noqa: E402
 
 # sub-command name -> module under tilepilot.commands; imported lazily so `--help` stays fast.
-COMMANDS = ("zoo", "import", "inspect", "deploy", "generate", "bench", "evaluate", "calibrate", "report", "skills")
+COMMANDS = (
+    "zoo", "import", "inspect", "deploy", "generate", "chat", "serve", "bench", "evaluate", "calibrate",
+    "report", "skills",
+)  # fmt: skip
 
 # commands whose module name differs from the command (`import` is a Python keyword)
 MODULES = {"import": "import_gguf"}
