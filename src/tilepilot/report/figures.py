@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 _STYLE = {
     "svg.fonttype": "none",
@@ -239,6 +240,7 @@ def gate_numerics(data: dict[str, Any]) -> str:
             ax.axhline(1 - b, color="#c92a2a", ls="--", lw=1)
             ax.text(0, (1 - b) * 1.1, f"gate: cosine >= {b:g}", color="#c92a2a", fontsize=7)
         ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("layer")
         ax.set_ylabel("1 - cosine vs FP32 oracle (lower is better)")
         ax.set_title("Per-layer cosine — measured (real computation)")
