@@ -50,7 +50,8 @@ def test_sixteen_concurrent_clients_get_the_answers_they_get_alone(client, model
 def test_disconnect_mid_stream_frees_the_runner(server, client, model_id):
     conn, resp = open_stream(server, model_id)
     assert server.health()["busy"]
-    conn.close()  # the client goes away after its first chunk
+    resp.close()  # the client goes away after its first chunk (the response holds the socket too)
+    conn.close()
     t0 = time.monotonic()
     r = client.completions.create(model=model_id, prompt="next", max_tokens=3, temperature=0, timeout=20)
     assert r.usage.completion_tokens == 3

@@ -299,14 +299,15 @@ class Engine:
                 self._emit(job, Failed(ShuttingDown("the server shut down before serving this request")))
                 continue
             self._current = job
+            end: Event
             try:
-                self._emit(job, self._run(job))
+                end = self._run(job)
             except BaseException as e:  # the worker must survive anything one request does
                 self._cached.clear()  # the cache may hold a half-written pass: start cold next time
                 self.runner.reset()
-                self._emit(job, Failed(e))
-            finally:
-                self._current = None
+                end = Failed(e)
+            self._current = None  # before the last event: whoever it wakes sees the engine idle
+            self._emit(job, end)
 
     def _emit(self, job: Job, event: Event) -> None:
         try:
