@@ -105,3 +105,21 @@ def test_generate_trace(zoo_model, tmp_path, capsys):
     _tracks_are_laid_out(doc)
     phases = {e["args"].get("phase") for e in doc["traceEvents"] if e.get("ph") == "X"}
     assert {"prefill", "decode"} <= phases
+
+
+def test_a_launch_is_placed_only_on_the_layout_whose_macs_match():
+    from tilepilot.npu.trace import LaunchLayout, TraceEvent
+
+    a = LaunchLayout(columns=((0, 100), (1, 100)), mem_tiles=(), shim_channels=(("shim 0 mm2s 0", 64),))
+    b = LaunchLayout(columns=((2, 150), (3, 150)), mem_tiles=(), shim_channels=(("shim 2 mm2s 0", 64),))
+    c = LaunchLayout(columns=((4, 200),), mem_tiles=(), shim_channels=())
+    t = Trace()
+    t.record(TraceEvent("k", "launch", 0.0, 1e-3, "modeled", bytes=64, macs=300))
+    t.record(TraceEvent("ddr k", "dma", 0.0, 1e-3, "modeled", bytes=64))
+    cols = lambda d: {e["tid"] for e in d["traceEvents"] if e.get("cat") == "placement" and e["pid"] == 2}  # noqa: E731
+    assert cols(t.to_chrome_dict({"k": (a, b)})) == {3, 4}  # b's columns 2 and 3 (tid = column + 1)
+    assert cols(t.to_chrome_dict({"k": (b, c)})) == {3, 4}
+    ambiguous = LaunchLayout(columns=((5, 300),), mem_tiles=(), shim_channels=())
+    doc = t.to_chrome_dict({"k": (b, ambiguous)})
+    assert not [e for e in doc["traceEvents"] if e.get("cat") == "placement"]
+    assert problems(doc) == []

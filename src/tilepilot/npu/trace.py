@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -162,16 +162,33 @@ def launch_layout(design: Design) -> LaunchLayout:
     return LaunchLayout(tuple(sorted(cols.items())), tuple(sorted(mem.items())), shim)
 
 
-def layouts_of(designs: Iterable[Design | MultiLaunchGroup]) -> dict[str, LaunchLayout]:
-    """Layouts by design name (the name a launch event carries); multi-launch groups give one per launch."""
-    out: dict[str, LaunchLayout] = {}
+def layouts_of(designs: Iterable[Design | MultiLaunchGroup]) -> dict[str, tuple[LaunchLayout, ...]]:
+    """Layouts by design name (the name a launch event carries); multi-launch groups give one per launch.
+
+    A name can stand for several designs (one shape tuned to several tile configs), so each name maps to
+    every distinct layout; the writer places a launch only on the one whose MACs match it."""
+    out: dict[str, list[LaunchLayout]] = {}
     for d in designs:
         for one in d.designs if isinstance(d, MultiLaunchGroup) else [d]:
-            out.setdefault(one.name, launch_layout(one))
-    return out
+            layout = launch_layout(one)
+            seen = out.setdefault(one.name, [])
+            if layout not in seen:
+                seen.append(layout)
+    return {name: tuple(v) for name, v in out.items()}
 
 
-def library_layouts(library: object) -> dict[str, LaunchLayout]:
+def _pick(candidates: LaunchLayout | Sequence[LaunchLayout] | None, macs: int) -> LaunchLayout | None:
+    """The layout of a launch of ``macs`` MACs: the only candidate whose workers do that many, else none
+    (an ambiguous launch stays on the overview lanes rather than on columns it may not have used)."""
+    if candidates is None:
+        return None
+    if isinstance(candidates, LaunchLayout):
+        candidates = (candidates,)
+    match = [c for c in candidates if sum(m for _, m in c.columns) == macs]
+    return match[0] if len(set(match)) == 1 else None
+
+
+def library_layouts(library: object) -> dict[str, tuple[LaunchLayout, ...]]:
     """Layouts of every design a ``runtime.dispatcher.KernelLibrary`` built (what a run dispatched).
 
     The library keeps its designs in a private cache and has no public accessor yet; this is the one place
@@ -310,7 +327,7 @@ class Trace:
         return out
 
     # --- Chrome trace JSON ------------------------------------------------------------------------------------------
-    def to_chrome_dict(self, layouts: Mapping[str, LaunchLayout] | None = None) -> dict:
+    def to_chrome_dict(self, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None) -> dict:
         """The Chrome trace-event format (JSON object form) that Perfetto and chrome://tracing load.
 
         Every event is written once on its own lane (complete events ``X``, microseconds); with ``layouts``
@@ -319,6 +336,7 @@ class Trace:
         Every pid and tid is named by an ``M`` metadata event.
         """
         layouts = layouts or {}
+        placed: dict[str, LaunchLayout | None] = {}
         events: list[dict] = []
         threads: dict[tuple[str, int], str] = {(proc, tid): lane for proc, tid, lane in _LANES.values()}
         for i, e in enumerate(self.events):
@@ -326,9 +344,11 @@ class Trace:
             args = {k: v for k, v in asdict(e).items() if k not in ("name", "kind", "start_s", "end_s")}
             args["event"] = i
             events.append(_x(e.name, e.kind, e.start_s, e.duration_s, _PID[proc], tid, args))
-            layout = layouts.get(e.name) if e.kind == "launch" else None
-            if e.kind == "dma" and e.name.startswith("ddr "):
-                layout = layouts.get(e.name[4:])
+            layout = None
+            if e.kind == "launch":
+                layout = placed[e.name] = _pick(layouts.get(e.name), e.macs)
+            elif e.kind == "dma" and e.name.startswith("ddr "):
+                layout = placed.get(e.name[4:])  # the traffic of the launch recorded just before it
             if layout is not None:
                 events += self._placed(e, i, layout, threads)
         meta: list[dict] = []
@@ -388,7 +408,9 @@ class Trace:
             put("shim", tid, lane, {"bytes": nbytes_, "macs": 0})
         return out
 
-    def to_chrome(self, path: str | os.PathLike, layouts: Mapping[str, LaunchLayout] | None = None) -> Path:
+    def to_chrome(
+        self, path: str | os.PathLike, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None
+    ) -> Path:
         """Write Chrome trace JSON atomically (temp file then rename), so no half-written trace is left."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -403,7 +425,7 @@ class Trace:
         return path
 
     def write_phases(
-        self, directory: str | os.PathLike, layouts: Mapping[str, LaunchLayout] | None = None
+        self, directory: str | os.PathLike, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None
     ) -> dict[str, Path]:
         """``prefill.json`` and ``decode.json`` under ``directory``, one Chrome trace per phase that has events."""
         out = {}
