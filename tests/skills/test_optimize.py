@@ -91,10 +91,10 @@ def test_keep_or_revert(fresh_ctx, monkeypatch):
         passed = False
         failures = ["logits.cosine = 0.5 violates logits.cosine >= 0.99"]
 
-    import tilepilot.skills.phases.model as model_phase
+    import tilepilot.skills.optimize.common as optimize_common
 
     asked: list[dict] = []
-    monkeypatch.setattr(model_phase, "model_gate", lambda ctx, plan, **kw: (asked.append(kw), (Failing(), {}))[1])
+    monkeypatch.setattr(optimize_common, "model_gate", lambda ctx, plan, **kw: (asked.append(kw), (Failing(), {}))[1])
     row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
     assert row["decision"].startswith("rejected: gate failed") and ctx.plan.host.weights == "per_call"
     assert asked == [{"greedy_steps": ctx.settings.proposal_greedy_steps}]  # proposals get the short greedy

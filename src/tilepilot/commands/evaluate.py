@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from tilepilot.errors import WorkspaceError
+from tilepilot.skills.evaluator import ReadAudit, evaluate
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -26,7 +27,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from tilepilot.skills.evaluator import ReadAudit, evaluate
 
     if not (args.workspace / "deployment.json").is_file():
         raise WorkspaceError(f"{args.workspace} is not a deployment workspace; create one with `tilepilot deploy`")

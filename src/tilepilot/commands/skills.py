@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 from tilepilot.errors import InputError, WorkspaceError
+from tilepilot.skills import registry
+from tilepilot.skills.context import DeployContext, Settings
+from tilepilot.skills.export import export
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -27,7 +30,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _list(args) -> int:
-    from tilepilot.skills import registry
 
     skills = registry.all_skills()
     if args.json:
@@ -57,8 +59,6 @@ def _list(args) -> int:
 
 
 def _export(args) -> int:
-    from tilepilot.skills import registry
-    from tilepilot.skills.export import export
 
     written = export(registry.all_skills(), args.dir)
     print(f"wrote {len(written)} Agent Skills folders under {args.dir}")
@@ -66,8 +66,6 @@ def _export(args) -> int:
 
 
 def _run(args) -> int:
-    from tilepilot.skills import registry
-    from tilepilot.skills.context import DeployContext, Settings
 
     try:
         cls = registry.get(args.name)

@@ -17,8 +17,14 @@ from typing import Any
 import torch
 
 from tilepilot.errors import InputError
+from tilepilot.gates import metrics as M
+from tilepilot.gates import thresholds as T
+from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.gates.metrics import first_divergence
-from tilepilot.harness.prompts import prompt_ids
+from tilepilot.harness.probes import rope_probe
+from tilepilot.harness.prompts import GATE_TEXTS, prompt_ids
+from tilepilot.kernels import lm_head
+from tilepilot.runtime.runner import NpuRunner
 
 SECOND_CALL_COSINE = "second_call.logits_cosine"
 SRC_SECOND_CALL = (
@@ -91,7 +97,6 @@ def lm_head_ranges(plan, spec) -> list[tuple[int, int]]:
     for g in plan.prefill.head:
         for c in g.calls:
             if c.op == "lm_head" and g.where == "npu" and c.family == "lm_head":
-                from tilepilot.kernels import lm_head
 
                 fields = {k: v for k, v in c.config.items() if k in lm_head.Config.__dataclass_fields__}
                 shape = lm_head.Shape(spec.vocab, spec.hidden, 1)
@@ -127,8 +132,6 @@ def run_production(runner, prompt: Sequence[int], second: Sequence[int], greedy_
 
 def compare_model(ref: OracleReference, prod: dict[str, Any], ranges: list[tuple[int, int]]) -> tuple[dict, dict]:
     """Measurements for the phase-3 gate and the classifier's evidence, from both sides' outputs."""
-    from tilepilot.gates import metrics as M
-    from tilepilot.gates import thresholds as T
 
     logits = prod["logits"].float()
     layer_cos = [M.cosine(r, t) for r, t in zip(ref.layers, prod["layers"], strict=False)]
@@ -170,8 +173,6 @@ def compare_model(ref: OracleReference, prod: dict[str, Any], ranges: list[tuple
 
 
 def model_gate_thresholds():
-    from tilepilot.gates import thresholds as T
-    from tilepilot.gates.gate import Gate, Threshold
 
     base = T.phase3_gate()
     return Gate(
@@ -180,7 +181,6 @@ def model_gate_thresholds():
 
 
 def gate_prompts(ctx, seed: int | None = None, texts=None) -> tuple[list[int], list[int]]:
-    from tilepilot.harness.prompts import GATE_TEXTS
 
     s = ctx.settings
     seed = s.seed if seed is None else seed
@@ -192,7 +192,6 @@ def gate_prompts(ctx, seed: int | None = None, texts=None) -> tuple[list[int], l
 
 def make_runner(plan, weights, trace=None, library=None, static_buffers=(), **_ignored):
     """The production runner; ``static_buffers`` are runtime options recorded in the workspace."""
-    from tilepilot.runtime.runner import NpuRunner
 
     return NpuRunner(plan, weights, trace=trace, library=library, static_buffers=tuple(static_buffers))
 
@@ -224,7 +223,6 @@ def model_gate(
     evidence.update(ev)
     report = model_gate_thresholds().evaluate(m)
     if not report.passed:
-        from tilepilot.harness.probes import rope_probe
 
         evidence["rope_position_cosine"] = rope_probe(plan, ctx.spec)
     return report, evidence

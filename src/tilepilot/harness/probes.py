@@ -17,7 +17,17 @@ from typing import Any
 
 import torch
 
+from tilepilot.gates import metrics as M
+from tilepilot.gates import thresholds as T
+from tilepilot.gates.gate import Gate, Threshold
+from tilepilot.kernels.bind import binding, family_module, make_config
+from tilepilot.kernels.fuse import group_for_ops
 from tilepilot.model.graph import KV_FAMILY, block_graph
+from tilepilot.npu.design import MultiLaunchGroup, torch_dtype
+from tilepilot.npu.execute import run_group_tile, run_tile
+from tilepilot.npu.validate import validate, validate_group
+from tilepilot.oracle.ops import rope_tables
+from tilepilot.oracle.rope import inv_freq_for
 
 # The tile-level executor is exact and slow; instances above this many MACs skip it (recorded).
 TILE_PATH_MAX_MACS = 4_000_000
@@ -27,7 +37,6 @@ ROPE_PROBE_ROWS = 16
 
 @functools.lru_cache(maxsize=512)
 def _default_config(family: str, shape):
-    from tilepilot.kernels.bind import family_module
 
     return family_module(family).default_config(shape)
 
@@ -35,7 +44,6 @@ def _default_config(family: str, shape):
 def config_for(family: str, shape, config: dict[str, Any]):
     """The family Config of a plan config dict; ``{}`` is the family default, memoized per shape (a GEMM
     default ranks every candidate tiling, ~0.07 s, and probes ask for the same shapes again and again)."""
-    from tilepilot.kernels.bind import family_module, make_config
 
     if not config:
         return _default_config(family, shape)
@@ -77,7 +85,6 @@ def plan_calls(plan) -> list[CallRef]:
 
 
 def call_shape(spec, call: CallRef, rows: int, context: int, config: dict[str, Any] | None = None):
-    from tilepilot.kernels.bind import binding
 
     node = block_graph(spec).node(call.op)
     cfg = call.config_dict if config is None else config
@@ -125,14 +132,11 @@ def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0) -> 
     RoPE gets real cos/sin tables (so position 0 is the identity); the reference gets them in FP32 as the
     true op, the design in its declared table dtype.
     """
-    from tilepilot.npu.design import torch_dtype
 
     ins, ref = {}, {}
     for ts in design.inputs:
         dt = torch_dtype(ts.dtype)
         if family == "rope" and ts.name == "cs":
-            from tilepilot.oracle.ops import rope_tables
-            from tilepilot.oracle.rope import inv_freq_for
 
             cos, sin = rope_tables(torch.arange(start, start + ts.shape[0]), inv_freq_for(spec))
             half = cos.shape[-1] // 2
@@ -163,12 +167,6 @@ def probe(
     tile: bool = True,
 ) -> Probe:
     """Validate and run one call's design alone; compare with the FP32 reference (and the tile path)."""
-    from tilepilot.gates import metrics as M
-    from tilepilot.gates import thresholds as T
-    from tilepilot.kernels.bind import family_module
-    from tilepilot.npu.design import MultiLaunchGroup
-    from tilepilot.npu.execute import run_group_tile, run_tile
-    from tilepilot.npu.validate import validate, validate_group
 
     cfg_dict = call.config_dict if config is None else dict(config)
     mod = family_module(call.family)
@@ -210,7 +208,6 @@ def probe(
     gate = T.phase1_gate(call.family, tile_path=p.tile_checked)
     thresholds = list(gate.thresholds)
     if p.partition_pearson:
-        from tilepilot.gates.gate import Gate, Threshold
 
         thresholds.append(
             Threshold("partitions.min_pearson", ">=", T.min_correlation(call.family), T.SRC_DESIGN + " (per partition)")
@@ -269,7 +266,6 @@ def group_checks(plan, spec, prompt_len: int, only: tuple[str, str] | None = Non
     """Build every multi-call NPU group of the plan as a multi-launch group with tensor bindings between its
     launches (``kernels.fuse``); a binding whose tensors disagree is GROUP_BINDING. Groups that cannot be
     expressed as one fused dispatch for another reason are reported with that reason's codes."""
-    from tilepilot.kernels.fuse import group_for_ops
 
     graph = block_graph(spec)
     out = []

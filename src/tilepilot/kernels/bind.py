@@ -24,8 +24,10 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError
-from tilepilot.model.graph import OpNode
+from tilepilot.kernels.registry import family
+from tilepilot.model.graph import OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
+from tilepilot.npu.design import torch_dtype
 
 Args = dict[str, Any]
 
@@ -33,7 +35,6 @@ Args = dict[str, Any]
 def family_module(name: str):
     """The kernel family module ``tilepilot.kernels.<name>`` (through the registry when it knows it)."""
     try:
-        from tilepilot.kernels.registry import family
 
         return family(name)
     except (ImportError, KeyError, AttributeError):
@@ -63,7 +64,6 @@ class Binding:
 
 # ---- linear: GEMM (prefill) and GEMV (decode) ---------------------------------------------------------------------
 def _linear_dims(node: OpNode, spec: ModelSpec) -> tuple[int, int]:
-    from tilepilot.model.graph import weight_shape
 
     n, k = weight_shape(spec, node.weights[0])
     return n, k
@@ -137,7 +137,6 @@ def _rope_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: 
 
 def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     cs_spec = design.tensor("cs")
-    from tilepilot.npu.design import torch_dtype
 
     cs = args["cs"].to(torch_dtype(cs_spec.dtype))
     return design.fast({"x": args["_in"][0], "cs": cs})["y"]

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError, InputError
+from tilepilot.model.graph import KV_STATE, block_graph, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.weights import LayerWeights
 from tilepilot.npu.design import Binding, Design, MultiLaunchGroup, TensorSpec, torch_dtype
@@ -224,7 +225,6 @@ def node_launch(node, spec: ModelSpec, rows: int, stage: str, context: int, conf
     """The launch of one block-graph node for ``rows`` tokens (attention: ``context`` cached positions before)."""
     kind = node.kind
     if kind == "linear":
-        from tilepilot.model.graph import weight_shape
 
         n, k = weight_shape(spec, node.weights[0])
         family = LINEAR_FAMILY[stage]
@@ -266,7 +266,6 @@ def group_for_ops(
     """One dispatch for a run of block-graph ops: a launch per op (kv_write adds none), inputs bound to the
     outputs of earlier ops of the group; everything else (layer input, weights, RoPE tables, the KV cache,
     values of earlier groups) is a group input."""
-    from tilepilot.model.graph import KV_STATE, block_graph
 
     if stage not in LINEAR_FAMILY:
         raise ConfigError(f"stage {stage!r} is unknown; use prefill or decode.")
@@ -290,14 +289,12 @@ def group_for_ops(
 
 
 def _ops_before_attention(spec: ModelSpec) -> list[str]:
-    from tilepilot.model.graph import block_graph
 
     ops = list(block_graph(spec).block_ops)
     return ops[: ops.index("attention")]
 
 
 def _ops_after_attention(spec: ModelSpec) -> list[str]:
-    from tilepilot.model.graph import block_graph
 
     ops = list(block_graph(spec).block_ops)
     return ops[ops.index("attention") + 1 :]
@@ -315,7 +312,6 @@ def o_ffn_group(spec: ModelSpec, rows: int, **kw: Any) -> MultiLaunchGroup:
 
 def weight_inputs(group: MultiLaunchGroup, spec: ModelSpec, layer: LayerWeights) -> dict[str, torch.Tensor]:
     """The group inputs that are the layer's weights (``<op>.<weight tensor>`` -> the LayerWeights field)."""
-    from tilepilot.model.graph import block_graph
 
     graph = block_graph(spec)
     out: dict[str, torch.Tensor] = {}

@@ -55,6 +55,7 @@ from tilepilot.npu.validate import (
     legal_taps,
     tap_problems,
 )
+from tilepilot.oracle.ops import linear
 
 FAMILY = "gemv"
 VARIANTS = ("vector", "scalar", "bfp16")
@@ -325,7 +326,6 @@ def _fast(config: Config):
 
 def reference(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``)."""
-    from tilepilot.oracle.ops import linear
 
     return {"y": linear(inputs["x"], inputs["w"])}
 

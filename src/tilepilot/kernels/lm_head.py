@@ -24,11 +24,14 @@ from typing import Any
 
 import torch
 
-from tilepilot.kernels import gemv
+from tilepilot.gates.metrics import max_abs_err, pearson
+from tilepilot.gates.thresholds import min_correlation
+from tilepilot.kernels import gemm, gemv
 from tilepilot.npu.design import Design, MultiLaunchGroup, TensorSpec
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.numerics import Numerics
 from tilepilot.npu.validate import DesignError, Violation
+from tilepilot.oracle.ops import linear
 
 FAMILY = "lm_head"
 # Vocabulary rows per partition in the published AIR LM heads (npu2_kernel_measurements.json, gemv rows
@@ -163,7 +166,6 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         if shape.m <= gemv.MAX_TOKENS:
             d = gemv.make_design(gemv.Shape(rows, shape.k, shape.m), config.gemv_config(), device)
         else:
-            from tilepilot.kernels import gemm
 
             gshape = gemm.Shape(shape.m, stop - start, shape.k)
             d = gemm.make_design(gshape, _gemm_config(gshape, device), device)
@@ -193,14 +195,12 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
 
 
 def _gemm_config(gshape: Any, device: Device) -> Any:
-    from tilepilot.kernels import gemm
 
     return gemm.default_config(gshape, device)
 
 
 def reference(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """FP32 logits = x @ W^T from the (bf16) inputs (oracle ``linear``)."""
-    from tilepilot.oracle.ops import linear
 
     return {"logits": linear(inputs["x"], inputs["w"])}
 
@@ -235,8 +235,6 @@ def partition_report(
     Checking each slice on its own is what finds "one partition wrong": the partition's own correlation
     collapses even when the whole vocabulary's correlation barely moves.
     """
-    from tilepilot.gates.metrics import max_abs_err, pearson
-    from tilepilot.gates.thresholds import min_correlation
 
     bound = min_correlation(FAMILY) if min_pearson is None else min_pearson
     ref = reference(inputs)["logits"] if reference_logits is None else reference_logits

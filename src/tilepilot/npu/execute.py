@@ -36,6 +36,7 @@ from tilepilot.npu.design import (
     TensorSpec,
     torch_dtype,
 )
+from tilepilot.npu.placer import SequentialPlacer
 from tilepilot.npu.validate import check, check_group, uses_shared_memory
 
 MAX_OPS = 20_000_000  # guard against runaway programs on the tile path (far above any small-shape design)
@@ -354,7 +355,6 @@ def run_tile(design: Design, inputs: dict[str, torch.Tensor], *, validate: bool 
     if validate:
         design = check(design)
     else:
-        from tilepilot.npu.placer import SequentialPlacer
 
         design = SequentialPlacer().place(design)
     return _Machine(design, ins).run()

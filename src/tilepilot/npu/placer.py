@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from tilepilot.npu.design import SHIM, Design, FifoLink, ObjectFifo, Tile
 from tilepilot.npu.device import MEM_ROW, SHIM_ROW
-from tilepilot.npu.validate import link_cost
+from tilepilot.npu.resources import link_cost
 
 
 class SequentialPlacer:

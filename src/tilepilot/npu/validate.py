@@ -30,16 +30,22 @@ innermost transfer and offset must be whole 32-bit words; every element inside t
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tilepilot.errors import TilepilotError
-from tilepilot.npu.design import SHIM, Design, FifoLink, MultiLaunchGroup, ObjectFifo, TensorAccessPattern, Tile
+from tilepilot.npu.design import SHIM, Design, MultiLaunchGroup, TensorAccessPattern, Tile
 from tilepilot.npu.design import dtype_bytes as _dtype_bytes
+from tilepilot.npu.placer import SequentialPlacer
+from tilepilot.npu.resources import (
+    CORE_STACK_BYTES,
+    TileUse,
+    link_cost,
+    resource_use,
+    shares_memory,
+    uses_shared_memory,
+)
 
 # --- limits with their sources ---------------------------------------------------------------------------------
-CORE_STACK_BYTES = 0x400  # mlir-aie aie.core default stack_size
-LOCKS_PER_FIFO_END = 2  # AIE2 object fifo lowering: one producer + one consumer semaphore lock per fifo end
 WORD_BYTES = 4  # shim/mem DMA address and length granularity (32-bit words)
 TAP_MAX_DIMS = 4  # IRON / npu dma_memcpy_nd: up to 4-D patterns
 TAP_MAX_SIZE = 1023  # mlir-aie: "Length 0 exceeds the [0:1023] range" (inner 3 dims; innermost in words)
@@ -198,108 +204,6 @@ def legal_taps(
 # ----------------------------------------------------------------------------------------------------------------------
 # Resource accounting
 # ----------------------------------------------------------------------------------------------------------------------
-@dataclass
-class TileUse:
-    """What a design asks of one tile, with the contributions that make up the memory figure."""
-
-    memory: int = 0
-    s2mm: int = 0
-    mm2s: int = 0
-    bds: int = 0
-    locks: int = 0
-    parts: list[str] = field(default_factory=list)
-
-    def add_memory(self, nbytes: int, what: str) -> None:
-        self.memory += nbytes
-        self.parts.append(f"{what} {nbytes} B")
-
-
-def shares_memory(a: Tile | None, b: Tile | None) -> bool:
-    """Two compute tiles whose cores reach each other's memory (AIE2: orthogonal neighbours)."""
-    return a is not None and b is not None and abs(a.col - b.col) + abs(a.row - b.row) == 1
-
-
-def uses_shared_memory(design: Design, fifo: ObjectFifo) -> bool:
-    prods, cons = design.producers(fifo.name), design.consumers(fifo.name)
-    if len(prods) != 1 or len(cons) != 1 or prods[0].kind != "worker" or cons[0].kind != "worker":
-        return False
-    return shares_memory(design.worker(prods[0].name).placement, design.worker(cons[0].name).placement)
-
-
-def link_cost(design: Design, link: FifoLink) -> TileUse:
-    """Memory-tile resources one link takes (see module docstring)."""
-    use = TileUse()
-    srcs = [design.fifo(f) for f in link.srcs]
-    dsts = [design.fifo(f) for f in link.dsts]
-    store = srcs[0] if link.kind in ("split", "forward") else dsts[0]
-    use.add_memory(store.buffer_bytes, f"link {link.name} buffers ({store.depth} x {store.obj_bytes} B)")
-    use.s2mm, use.mm2s = len(srcs), len(dsts)
-    use.bds = sum(f.depth for f in srcs + dsts)
-    use.locks = LOCKS_PER_FIFO_END * (len(srcs) + len(dsts))
-    return use
-
-
-def resource_use(design: Design) -> dict[Tile, TileUse]:
-    """Per-tile resource demand of a placed design (unplaced endpoints are skipped)."""
-    use: dict[Tile, TileUse] = defaultdict(TileUse)
-    for w in design.workers:
-        if w.placement is None:
-            continue
-        u = use[w.placement]
-        u.add_memory(CORE_STACK_BYTES, "stack")
-        if w.local_bytes:
-            u.add_memory(w.local_bytes, f"{w.name} locals")
-    for f in design.fifos:
-        if uses_shared_memory(design, f):
-            tile = design.worker(design.producers(f.name)[0].name).placement
-            use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} (shared, {f.depth} x {f.obj_bytes} B)")
-            use[tile].locks += LOCKS_PER_FIFO_END
-            continue
-        for end in design.producers(f.name):
-            tile = design.endpoint_tile(end, f.name)
-            if tile is None:
-                continue
-            if end.kind == "worker":
-                use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} out ({f.depth} x {f.obj_bytes} B)")
-                use[tile].mm2s += 1
-                use[tile].bds += f.depth
-                use[tile].locks += LOCKS_PER_FIFO_END
-            elif end.kind == "shim":
-                use[tile].mm2s += 1
-        for end in design.consumers(f.name):
-            tile = design.endpoint_tile(end, f.name)
-            if tile is None:
-                continue
-            if end.kind == "worker":
-                use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} in ({f.depth} x {f.obj_bytes} B)")
-                use[tile].s2mm += 1
-                use[tile].bds += f.depth
-                use[tile].locks += LOCKS_PER_FIFO_END
-            elif end.kind == "shim":
-                use[tile].s2mm += 1
-    for lk in design.links:
-        if lk.placement is None:
-            continue
-        c = link_cost(design, lk)
-        u = use[lk.placement]
-        for p in c.parts:
-            u.parts.append(p)
-        u.memory += c.memory
-        u.s2mm += c.s2mm
-        u.mm2s += c.mm2s
-        u.bds += c.bds
-        u.locks += c.locks
-    for group in design.runtime.groups():
-        per_shim: dict[Tile, int] = defaultdict(int)
-        for t in group:
-            tile = design.fifo(t.fifo).shim_placement
-            if tile is not None:
-                per_shim[tile] += 1
-        for tile, n in per_shim.items():
-            use[tile].bds = max(use[tile].bds, n)
-    return dict(use)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # The checks
 # ----------------------------------------------------------------------------------------------------------------------
@@ -626,7 +530,6 @@ def validate(design: Design, place: bool = True) -> list[Violation]:
     if not any(v.code in ("FIFO_NO_PRODUCER", "FIFO_MULTI_PRODUCER") for v in out):
         out += _balance(design)
     if place and not design.is_placed():
-        from tilepilot.npu.placer import SequentialPlacer
 
         design = SequentialPlacer().place(design)
     placement = _placement(design)
@@ -639,7 +542,6 @@ def validate(design: Design, place: bool = True) -> list[Violation]:
 def check(design: Design, place: bool = True) -> Design:
     """Raise DesignError if ``design`` breaks any rule; otherwise return it placed."""
     if place and not design.is_placed():
-        from tilepilot.npu.placer import SequentialPlacer
 
         design = SequentialPlacer().place(design)
     violations = validate(design, place=False)
@@ -662,7 +564,6 @@ def check_group(group: MultiLaunchGroup, place: bool = True) -> MultiLaunchGroup
     if violations:
         raise DesignError(violations, f"group {group.name}")
     if place:
-        from tilepilot.npu.placer import SequentialPlacer
 
         placer = SequentialPlacer()
         return MultiLaunchGroup(group.name, [placer.place(d) for d in group.designs], list(group.bindings))

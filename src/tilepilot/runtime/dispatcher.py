@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tilepilot.kernels.bind import binding, family_module, make_config
-from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode
+from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import MultiLaunchGroup
@@ -402,7 +402,6 @@ class Dispatcher:
 
     def _dry_cpu(self, g: KernelGroup, p: Pass) -> None:
         """Run a CPU group's host ops once on zero tensors of the real shapes (for HostOpTimer)."""
-        from tilepilot.model.graph import weight_shape
 
         s = self.spec
         half = s.head_dim // 2

@@ -30,6 +30,7 @@ from tilepilot.npu.device import Device
 from tilepilot.npu.trace import Trace
 from tilepilot.plan.plan import DeploymentPlan
 from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+from tilepilot.runtime.runner import NpuRunner
 
 _TOP = ("dispatch", "sync", "cpu")
 
@@ -169,7 +170,6 @@ def time_plan(
     timer: HostOpTimer | None = None,
 ) -> PlanTiming:
     """Modeled TTFT and decode latency of ``plan`` (see the module docstring for the conventions)."""
-    from tilepilot.runtime.runner import NpuRunner
 
     spec = spec or plan.model_spec()
     context_len = context_len or prompt_len

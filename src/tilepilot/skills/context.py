@@ -16,7 +16,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tilepilot.errors import WorkspaceError
+from tilepilot.errors import TokenizerError, WorkspaceError
+from tilepilot.harness.model_gate import make_runner, oracle_reference
+from tilepilot.kernels.registry import Registry
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.spec import load_spec
+from tilepilot.model.tokenizer import Tokenizer
+from tilepilot.oracle.model import Oracle
+from tilepilot.plan.builtin import default_plan, paper_like_plan
+from tilepilot.runtime import workspace as ws_mod
+from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+from tilepilot.runtime.timing import time_plan
 from tilepilot.skills.base import SkillResult
 from tilepilot.skills.classify import Diagnosis
 from tilepilot.skills.journal import Journal, atomic_write, atomic_write_json
@@ -119,8 +129,6 @@ class DeployContext:
     @classmethod
     def create(cls, model_dir: str | Path, out: str | Path, *, resume: bool = False, settings: Settings | None = None):
         """Scope-check ``model_dir`` and scaffold (or, with ``resume``, reopen) the workspace ``out``."""
-        from tilepilot.model.spec import load_spec
-        from tilepilot.runtime import workspace as ws_mod
 
         out = Path(out)
         spec = load_spec(model_dir)  # scope check: raises ScopeError/ConfigError with one sentence
@@ -172,7 +180,6 @@ class DeployContext:
 
     # ---- workspace ----------------------------------------------------------------------------
     def _workspace(self):
-        from tilepilot.runtime import workspace as ws_mod
 
         return ws_mod.load_workspace(self.root)
 
@@ -200,7 +207,6 @@ class DeployContext:
     # ---- model --------------------------------------------------------------------------------
     @cached_property
     def weights(self):
-        from tilepilot.model.checkpoint import load_checkpoint
 
         return load_checkpoint(self.model_dir)
 
@@ -210,15 +216,12 @@ class DeployContext:
 
     @cached_property
     def oracle(self):
-        from tilepilot.oracle.model import Oracle
 
         return Oracle(self.weights)
 
     @cached_property
     def tokenizer(self):
         """The checkpoint's tokenizer, or None when it has none (gates then use token ids only)."""
-        from tilepilot.errors import TokenizerError
-        from tilepilot.model.tokenizer import Tokenizer
 
         try:
             return Tokenizer.from_dir(self.model_dir)
@@ -227,7 +230,6 @@ class DeployContext:
 
     def reference(self, prompt: list[int], second: list[int]):
         """The oracle's side of the model gate for these prompts (computed once per run; plans do not change it)."""
-        from tilepilot.harness.model_gate import oracle_reference
 
         key = (tuple(prompt), tuple(second), self.settings.greedy_steps)
         if key not in self._reference_cache:
@@ -252,7 +254,6 @@ class DeployContext:
     @cached_property
     def kernel_registry(self):
         """The shared kernel registry (knowledge dir) loaded once; tuning adds rows, finalize-and-learn saves."""
-        from tilepilot.kernels.registry import Registry
 
         p = self.knowledge_path(KNOWLEDGE_REGISTRY)
         if p is None:
@@ -298,7 +299,6 @@ class DeployContext:
     @cached_property
     def library(self):
         """Designs built once per (family, shape, config) for every runner and timing of this run."""
-        from tilepilot.runtime.dispatcher import KernelLibrary
 
         return KernelLibrary()
 
@@ -306,7 +306,6 @@ class DeployContext:
     def host_timer(self):
         """One CPU-step timer per run: a host step is measured once per shape, so two plans that share a CPU
         group are compared on the same measured number rather than on two noisy ones."""
-        from tilepilot.runtime.dispatcher import HostOpTimer
 
         return HostOpTimer()
 
@@ -316,14 +315,12 @@ class DeployContext:
 
     def make_runner(self, plan=None, trace=None):
         """The production runner for ``plan`` (default: the deployed one) with the workspace's runtime options."""
-        from tilepilot.harness.model_gate import make_runner
 
         return make_runner(plan or self.plan, self.weights, trace=trace, library=self.library, **self.runtime_options())
 
     # ---- timing -------------------------------------------------------------------------------
     def timing(self, plan, prompt_len: int | None = None):
         """Modeled timing of ``plan`` (cached by plan content: skills time the same plan many times)."""
-        from tilepilot.runtime.timing import time_plan
 
         n = prompt_len or self.settings.timing_prompt_len
         key = (plan_digest(plan), n)
@@ -335,7 +332,6 @@ class DeployContext:
 
     def performance_summary(self) -> dict[str, Any]:
         """Modeled TTFT / decode before (default plan) and after (deployed), with paper-like for scale."""
-        from tilepilot.plan.builtin import default_plan, paper_like_plan
 
         spec = self.plan.model_spec()
         out: dict[str, Any] = {"prompt_len": self.settings.timing_prompt_len, "clock": "modeled"}

@@ -27,6 +27,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tilepilot.gates import thresholds as T
+from tilepilot.gates.gate import Gate, GateReport
+from tilepilot.harness.model_gate import (
+    compare_model,
+    lm_head_ranges,
+    make_runner,
+    model_gate_thresholds,
+    oracle_reference,
+    run_production,
+)
+from tilepilot.harness.prompts import EVAL_TEXTS, prompt_ids
+from tilepilot.kernels.tuning import calibration_key
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.tokenizer import Tokenizer
+from tilepilot.npu.trace import Trace
+from tilepilot.oracle.model import Oracle
+from tilepilot.runtime.timing import time_plan
+from tilepilot.runtime.workspace import load_workspace
+from tilepilot.skills.context import (
+    RUNTIME_KEY,
+    TIMING_PROMPT_LEN,
+    checkpoint_files,
+    file_digest,
+    perf_figures,
+    plan_digest,
+)
 from tilepilot.skills.journal import EVALUATION, Journal, atomic_write
 
 # Claimed figures are compared in two parts. The modeled part (NPU dispatches + buffer syncs) comes from a
@@ -145,20 +171,6 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     """Everything the evaluator measures itself; reads only deployment.json and the checkpoint."""
     import random
 
-    from tilepilot.harness.model_gate import (
-        compare_model,
-        lm_head_ranges,
-        make_runner,
-        model_gate_thresholds,
-        oracle_reference,
-        run_production,
-    )
-    from tilepilot.harness.prompts import EVAL_TEXTS, prompt_ids
-    from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.npu.trace import Trace
-    from tilepilot.oracle.model import Oracle
-    from tilepilot.runtime.workspace import load_workspace
-    from tilepilot.skills.context import RUNTIME_KEY, checkpoint_files, file_digest, plan_digest
 
     ws = load_workspace(root)
     plan, spec = ws.plan, ws.spec
@@ -166,7 +178,6 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     out["checkpoint_sha256"] = file_digest(checkpoint_files(ws.model_dir))
     weights = load_checkpoint(ws.model_dir)
     try:
-        from tilepilot.model.tokenizer import Tokenizer
 
         tok = Tokenizer.from_dir(ws.model_dir)
     except Exception:
@@ -204,9 +215,6 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     out["gate_evidence"] = {k: ev[k] for k in ("layer_cosine", "call_cosine", "greedy", "nonfinite")}
 
     # 3. the plan re-timed (modeled)
-    from tilepilot.kernels.tuning import calibration_key
-    from tilepilot.runtime.timing import time_plan
-    from tilepilot.skills.context import TIMING_PROMPT_LEN, perf_figures
 
     t = time_plan(plan, spec, prompt_len=TIMING_PROMPT_LEN)
     out["timing"] = {
@@ -222,15 +230,12 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
 # judging (reads the journal)
 # ---------------------------------------------------------------------------------------------------------------------
 def _canonical_gate(name: str, spec) -> Any:
-    from tilepilot.gates import thresholds as T
-    from tilepilot.harness.model_gate import model_gate_thresholds
 
     if name == "full-model-validation":
         return model_gate_thresholds()
     if name == "single-block-validation":
         return T.phase2_gate(spec.head_dim)
     if name in ("prefill-optimization", "decode-optimization"):
-        from tilepilot.gates.gate import Gate
 
         return Gate(
             T.phase4_gate(1.0).name if name == "prefill-optimization" else T.phase5_gate(1.0).name,
@@ -240,7 +245,6 @@ def _canonical_gate(name: str, spec) -> Any:
 
 
 def judge(measured: dict[str, Any], journal: Journal, spec) -> tuple[list[Check], dict[str, Any]]:
-    from tilepilot.gates.gate import GateReport
 
     checks: list[Check] = []
     claims: dict[str, Any] = {}
@@ -419,7 +423,6 @@ def verdict_of(checks: list[Check]) -> str:
 
 def evaluate(root: str | Path, *, seed: int | None = None, read_audit: ReadAudit | None = None) -> Evaluation:
     """Measure, then judge, then write ``evaluation_report.md``; see the module docstring."""
-    from tilepilot.runtime.workspace import load_workspace
 
     root = Path(root)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)

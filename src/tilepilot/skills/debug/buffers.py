@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from tilepilot.harness.model_gate import gate_prompts, make_runner
+from tilepilot.runtime.buffers import StaleBufferError
 from tilepilot.skills.base import DebugSkill, SkillResult
 from tilepilot.skills.classify import STALE_AFTER_FIRST_CALL
+from tilepilot.skills.context import RUNTIME_KEY
 from tilepilot.skills.debug.common import WS_INPUT, resume_commands
+from tilepilot.skills.optimize.common import clone
 
 
 class FixStaleBuffer(DebugSkill):
@@ -23,10 +27,6 @@ class FixStaleBuffer(DebugSkill):
     failure_modes = ("Staleness that survives with every buffer synced: not a buffer fault; needs a human.",)
 
     def run(self, ctx) -> SkillResult:
-        from tilepilot.harness.model_gate import gate_prompts, make_runner
-        from tilepilot.runtime.buffers import StaleBufferError
-        from tilepilot.skills.context import RUNTIME_KEY
-        from tilepilot.skills.optimize.common import clone
 
         opts = ctx.runtime_options()
         static = list(opts.get("static_buffers", []))

@@ -13,7 +13,10 @@ from dataclasses import asdict
 from typing import Any, ClassVar
 
 from tilepilot.harness.probes import CallRef, Probe, call_shape, probe, probe_plan, stage_rows
+from tilepilot.kernels.bind import family_module
 from tilepilot.skills.base import DebugSkill, SkillInput, SkillResult
+from tilepilot.skills.optimize.common import clone
+from tilepilot.skills.optimize.kernels import legal_at, set_config, sizes_for
 
 # Replacement configs tried per culprit call (the family default first, then its own ranking).
 MAX_CANDIDATES = 24
@@ -31,7 +34,6 @@ def resume_commands(name: str) -> tuple[str, ...]:
 def candidates(spec, call: CallRef, rows: int, context: int) -> list[dict[str, Any]]:
     """Plan config dicts to try, current one excluded: the per-shape family default ({}), the default for this
     shape, then the family's candidate configs in its own ranking."""
-    from tilepilot.kernels.bind import family_module
 
     mod = family_module(call.family)
     shape = call_shape(spec, call, rows, context)
@@ -63,8 +65,6 @@ def reconfigure(
 ) -> tuple[Any, list[str]]:
     """A copy of the plan where each culprit call runs the first candidate config that passes its probe and
     ``accept``; returns (plan, one sentence per change). ``prefer(candidate, current)`` sorts candidates."""
-    from tilepilot.skills.optimize.common import clone
-    from tilepilot.skills.optimize.kernels import legal_at, set_config, sizes_for
 
     plan = clone(ctx.plan)
     changes: list[str] = []

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from tilepilot.harness.probes import Probe, group_checks
+from tilepilot.plan.plan import KernelGroup
 from tilepilot.skills.base import DebugSkill, SkillResult
 from tilepilot.skills.classify import MERGED_LAUNCH_ARGUMENT_MISMATCH, TILE_MEMORY_OVERFLOW
 from tilepilot.skills.debug.common import WS_INPUT, ReconfigureSkill, resume_commands
+from tilepilot.skills.optimize.common import clone
 
 MEMORY_CODES = ("L1_OVERFLOW", "L2_OVERFLOW")
 
@@ -42,7 +44,6 @@ class FixMergedLaunchArguments(DebugSkill):
     failure_modes = ("A single-launch group still fails to bind: not a merge problem; needs a human.",)
 
     def run(self, ctx) -> SkillResult:
-        from tilepilot.skills.optimize.common import clone
 
         n = ctx.settings.gate_prompt_len
         bad = [g for g in group_checks(ctx.plan, ctx.spec, n) if not g.ok]
@@ -62,7 +63,6 @@ class FixMergedLaunchArguments(DebugSkill):
             st = plan.stage(stage)
             i = next(k for k, grp in enumerate(st.block) if grp.name == name)
             grp = st.block[i]
-            from tilepilot.plan.plan import KernelGroup
 
             singles = [KernelGroup(f"{name}/{c.op}", [c], "npu") for c in grp.calls]
             st.block[i : i + 1] = singles

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilepilot.harness.probes import Probe
+from tilepilot.harness.probes import Probe, probe, stage_rows
 from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, NAN_INF
 from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
 
@@ -67,7 +67,6 @@ class FixErrorGrowth(ReconfigureSkill):
         """Calls on reduced numerics, calls below their kernel gate, and calls measurably less accurate than their
         family's default config on the same probe inputs: an error small enough to pass one kernel's gate still
         compounds over dozens of layers."""
-        from tilepilot.harness.probes import probe, stage_rows
 
         out = []
         for p in probes:

@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tilepilot.harness.model_gate import model_gate
+from tilepilot.harness.probes import group_checks, plan_calls, probe, stage_rows
+from tilepilot.plan.plan import validate_plan
 from tilepilot.skills.base import OptimizeSkill, SkillResult
 from tilepilot.skills.context import DeployContext, perf_figures
 
@@ -72,7 +75,6 @@ class PlanOptimization(OptimizeSkill):
 
 def new_instances_failing(ctx: DeployContext, before, after) -> list[str]:
     """Probe (phase-1 style) the kernel instances ``after`` uses that ``before`` did not; labels of failures."""
-    from tilepilot.harness.probes import group_checks, plan_calls, probe, stage_rows
 
     old = {(c.stage, c.op, c.family, c.config) for c in plan_calls(before)}
     bad = []
@@ -93,7 +95,6 @@ def new_instances_failing(ctx: DeployContext, before, after) -> list[str]:
 
 def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> dict[str, Any]:
     """Time, gate and keep or reject one proposal; returns the perf-trajectory row (also journaled)."""
-    from tilepilot.plan.plan import validate_plan
 
     before_plan = ctx.plan
     before, after = ctx.timing(before_plan), None
@@ -130,7 +131,6 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
         elif bad := new_instances_failing(ctx, before_plan, prop.plan):
             row["decision"] = "rejected: kernel probe failed (" + "; ".join(bad) + ")"
         else:
-            from tilepilot.harness.model_gate import model_gate
 
             s = ctx.settings
             steps = s.greedy_steps if ctx.full_proposal_gate else s.proposal_greedy_steps

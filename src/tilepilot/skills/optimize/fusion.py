@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tilepilot.plan.plan import KernelGroup
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import STAGE_METRIC, PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -24,7 +25,6 @@ OPTIONAL_PROJECTION_OPS = ("q_bias", "k_bias", "v_bias", "q_norm", "k_norm")
 
 def merge_groups(groups: list, lo: int, hi: int) -> list:
     """Groups ``lo..hi`` (inclusive, all on the NPU) replaced by one group holding their calls in order."""
-    from tilepilot.plan.plan import KernelGroup
 
     part = groups[lo : hi + 1]
     assert all(g.where == "npu" for g in part), "only NPU groups can share a dispatch"
@@ -155,7 +155,6 @@ class MergeLaunches(PlanOptimization):
 def restructure(block: list, split_attention: bool) -> list:
     """Regroup a block's calls: every maximal run of NPU groups becomes one group, or (``split_attention``)
     three groups around the attention call, as the paper's deployment does; CPU groups stay as they are."""
-    from tilepilot.plan.plan import KernelGroup
 
     out: list = []
     run: list = []

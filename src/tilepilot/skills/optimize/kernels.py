@@ -14,6 +14,11 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 from tilepilot.harness.probes import CallRef, call_shape, config_for, group_checks, plan_calls, stage_rows
+from tilepilot.kernels.bind import family_module
+from tilepilot.kernels.registry import as_dict
+from tilepilot.kernels.tuning import timing_key, tune
+from tilepilot.npu.design import MultiLaunchGroup
+from tilepilot.npu.validate import validate, validate_group
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -29,7 +34,6 @@ MATRIX_FAMILIES = ("gemm", "gemv", "lm_head")
 
 def resolved_config(spec, call: CallRef, rows: int, context: int):
     """The family Config a call runs with at this size (its plan config, or the family default)."""
-    from tilepilot.kernels.bind import family_module
 
     mod = family_module(call.family)
     return mod, config_for(call.family, call_shape(spec, call, rows, context), call.config_dict)
@@ -37,9 +41,6 @@ def resolved_config(spec, call: CallRef, rows: int, context: int):
 
 def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int, int]]) -> bool:
     """Whether ``config`` builds and validates for this call at every (rows, context) in ``sizes``."""
-    from tilepilot.kernels.bind import family_module
-    from tilepilot.npu.design import MultiLaunchGroup
-    from tilepilot.npu.validate import validate, validate_group
 
     mod = family_module(call.family)
     for rows, context in sizes:
@@ -144,8 +145,6 @@ class TileTuning(PlanOptimization):
     def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
         import time
 
-        from tilepilot.kernels.registry import as_dict
-        from tilepilot.kernels.tuning import timing_key, tune
 
         t0 = time.perf_counter()
 

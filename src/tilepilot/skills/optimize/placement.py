@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tilepilot.model.graph import block_graph
+from tilepilot.plan.builtin import npu_family
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -20,8 +22,6 @@ _MOVES = (("attention", ("kv_write", "attention")), ("LM head", ("lm_head", "fin
 
 def _to_npu(plan, stage: str, kinds: tuple[str, ...]):
     """A copy of ``plan`` with every CPU group of ``stage`` whose ops are all of ``kinds`` moved to the NPU."""
-    from tilepilot.model.graph import block_graph
-    from tilepilot.plan.builtin import npu_family
 
     graph = block_graph(plan.model_spec())
     new = clone(plan)

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from tilepilot.gates import metrics as M
+from tilepilot.gates import thresholds as T
 from tilepilot.harness.model_gate import gate_prompts
+from tilepilot.harness.probes import rope_probe
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
 
 def measure_block(ctx, plan) -> tuple[dict[str, Any], dict[str, Any]]:
     """Layer-0 output of the runner vs the oracle, for the prompt (prefill) and its last token (decode)."""
-    from tilepilot.gates import metrics as M
-    from tilepilot.gates import thresholds as T
 
     ids, _ = gate_prompts(ctx)
     runner = ctx.make_runner(plan)
@@ -65,7 +66,6 @@ class SingleBlockValidation(PhaseSkill):
     )
 
     def run(self, ctx):
-        from tilepilot.gates import thresholds as T
 
         try:
             m, evidence = measure_block(ctx, ctx.plan)
@@ -77,7 +77,6 @@ class SingleBlockValidation(PhaseSkill):
             return finish(self, ctx, report, {"validator_codes": codes, "error": str(e)}, "block could not be built")
         report = T.phase2_gate(ctx.spec.head_dim).evaluate(m)
         if not report.passed:
-            from tilepilot.harness.probes import rope_probe
 
             evidence["rope_position_cosine"] = rope_probe(ctx.plan, ctx.spec)
         summary = f"block 0 cosine {m[T.COSINE]:.5f}, min position cosine {m[T.MIN_POSITION_COSINE]:.5f}"

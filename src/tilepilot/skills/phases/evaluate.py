@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
@@ -42,7 +43,6 @@ class IndependentEvaluator(PhaseSkill):
     failure_modes = ("Any FAIL is final: the report names the reason; fix the deployment and re-run the chain.",)
 
     def run(self, ctx):
-        from tilepilot.gates.gate import Gate, Threshold
 
         proc = subprocess.run(
             [sys.executable, "-m", "tilepilot", "evaluate", str(ctx.root), "--json"],

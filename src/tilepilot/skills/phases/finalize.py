@@ -14,10 +14,18 @@ import json
 import time
 from typing import Any
 
+from tilepilot.gates import metrics as M
+from tilepilot.gates.gate import Gate, Threshold
+from tilepilot.harness.model_gate import gate_prompts
+from tilepilot.harness.probes import probe_plan
+from tilepilot.kernels.bind import family_module, make_config
+from tilepilot.kernels.registry import RegistryRow
+from tilepilot.kernels.tuning import modeled_seconds, timing_key
 from tilepilot.skills.base import PhaseSkill, SkillInput
 from tilepilot.skills.context import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, KNOWLEDGE_REGISTRY, perf_figures
 from tilepilot.skills.journal import TRACE_DIR, atomic_write, atomic_write_json
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
+from tilepilot.skills.phases.kernels import probe_evidence
 
 SRC_GEN = "DESIGN.md section 6 phase 6: generate works (greedy tokens equal the oracle's under the token-set rule)"
 SRC_LEARN = "DESIGN.md section 6 phase 6: registry and LESSONS updated"
@@ -25,9 +33,6 @@ GENERATE_TOKENS = 16  # enough decode steps to exercise the KV cache; the model 
 
 
 def _registry_rows(ctx, probes) -> list[Any]:
-    from tilepilot.kernels.bind import family_module, make_config
-    from tilepilot.kernels.registry import RegistryRow
-    from tilepilot.kernels.tuning import modeled_seconds, timing_key
 
     rows, name = [], ctx.spec.name or ctx.spec.architecture
     for p in probes:
@@ -76,7 +81,6 @@ def _perf_lessons(ctx) -> list[dict[str, Any]]:
 def _oracle_greedy(ctx, ids: list[int], n: int) -> tuple[list[int], list[list[int]]]:
     """The oracle's greedy tokens and top-5 ids on the gate prompt: the model gate's cached reference when it is
     long enough (the deployment computed it once, in phase 0), else a fresh run."""
-    from tilepilot.harness.model_gate import gate_prompts
 
     ref = ctx.reference(*gate_prompts(ctx))
     if ref.prompt == list(ids) and len(ref.greedy_tokens) >= n:
@@ -116,11 +120,6 @@ class FinalizeAndLearn(PhaseSkill):
     def run(self, ctx):
         import torch
 
-        from tilepilot.gates import metrics as M
-        from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.harness.model_gate import gate_prompts
-        from tilepilot.harness.probes import probe_plan
-        from tilepilot.skills.phases.kernels import probe_evidence
 
         plan = ctx.plan
         ids, _ = gate_prompts(ctx)

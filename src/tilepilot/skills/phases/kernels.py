@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tilepilot.gates.gate import Gate, Threshold
+from tilepilot.harness.probes import group_checks, probe_plan
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
@@ -63,8 +65,6 @@ class KernelValidation(PhaseSkill):
     )
 
     def run(self, ctx):
-        from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.harness.probes import group_checks, probe_plan
 
         probes = probe_plan(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed)
         groups = group_checks(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len)

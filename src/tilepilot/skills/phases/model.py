@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tilepilot.gates import thresholds as T
 from tilepilot.harness.model_gate import model_gate
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
@@ -36,7 +37,6 @@ class FullModelValidation(PhaseSkill):
     def run(self, ctx):
         report, evidence = model_gate(ctx, ctx.plan)
         m = report.measurements
-        from tilepilot.gates import thresholds as T
 
         cos = m.get(T.LOGITS_COSINE)
         summary = (

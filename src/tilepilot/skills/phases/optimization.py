@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from tilepilot.gates import thresholds as T
+from tilepilot.gates.gate import Gate, Threshold
+from tilepilot.gates.thresholds import phase3_thresholds
+from tilepilot.harness.model_gate import model_gate, model_gate_thresholds
+from tilepilot.kernels.tuning import calibration_key
+from tilepilot.skills import registry
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.context import perf_figures
 from tilepilot.skills.optimize.common import clone
@@ -50,11 +56,6 @@ class _OptimizationPhase(PhaseSkill):
         return skills
 
     def run(self, ctx):
-        from tilepilot.gates import thresholds as T
-        from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.harness.model_gate import model_gate
-        from tilepilot.kernels.tuning import calibration_key
-        from tilepilot.skills import registry
 
         base = baseline(ctx)
         start = clone(ctx.plan)
@@ -132,8 +133,6 @@ def _applied(skills: list[dict[str, Any]]) -> int:
 
 def _extra_thresholds():
     """The model gate's thresholds beyond phase 3's own (the second-prompt check)."""
-    from tilepilot.gates.thresholds import phase3_thresholds
-    from tilepilot.harness.model_gate import model_gate_thresholds
 
     base = {t.metric for t in phase3_thresholds()}
     return [t for t in model_gate_thresholds().thresholds if t.metric not in base]

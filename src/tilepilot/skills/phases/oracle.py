@@ -15,6 +15,11 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from tilepilot.gates import metrics as M
+from tilepilot.gates import thresholds as T
+from tilepilot.gates.gate import Gate, Threshold
+from tilepilot.harness.model_gate import gate_prompts
+from tilepilot.oracle.transformers_reference import load_reference_model, run_reference
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
@@ -26,7 +31,6 @@ def _hf_reference(ctx, ids: list[int], continuation: list[int], n_layers: int):
     """transformers' FP32 logits and hidden states on ``ids`` and its greedy choices along ``continuation``
     (in the checkpoint's dtype, sharing the checkpoint's mapped tensors, one module in FP32 at a time: neither a
     second copy of the weights nor an FP32 one)."""
-    from tilepilot.oracle.transformers_reference import load_reference_model, run_reference
 
     tensors = getattr(ctx.weights, "get", None)
     return run_reference(load_reference_model(ctx.model_dir, tensors), ids, continuation, n_layers)
@@ -60,10 +64,6 @@ class BuildCpuOracle(PhaseSkill):
     )
 
     def run(self, ctx):
-        from tilepilot.gates import metrics as M
-        from tilepilot.gates import thresholds as T
-        from tilepilot.gates.gate import Gate, Threshold
-        from tilepilot.harness.model_gate import gate_prompts
 
         spec = ctx.spec
         digest = ctx.checkpoint_digest()
