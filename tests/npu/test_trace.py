@@ -12,12 +12,12 @@ from tilepilot.npu.trace import Trace, TraceEvent
 
 def _sample_trace() -> Trace:
     t = Trace()
-    t.add("host", "sync inputs", 0.0002, group="host_sync", phase="prefill", bytes=4096)
-    d = t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=0, phase="prefill", macs=10**9)
+    t.add("host", "sync inputs", 0.0002, group="host_sync", stage="prefill", bytes=4096)
+    d = t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=0, stage="prefill", macs=10**9)
     t.record(TraceEvent("dma A", "dma", d.start_s, d.start_s + 0.001, "modeled", group="rms_gemms_rope", bytes=1 << 20))
-    t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=1, phase="prefill", macs=10**9)
-    t.add("sync", "sync weights", 0.0001, group="host_sync", phase="decode", bytes=1 << 16)
-    t.add("cpu", "attention", 0.0003, group="cpu_attention", layer=1, phase="decode")
+    t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=1, stage="prefill", macs=10**9)
+    t.add("sync", "sync weights", 0.0001, group="host_sync", stage="decode", bytes=1 << 16)
+    t.add("cpu", "attention", 0.0003, group="cpu_attention", layer=1, stage="decode")
     return t
 
 
@@ -35,7 +35,7 @@ def test_dma_inside_a_dispatch_is_not_counted_twice():
     assert t.total_s("modeled") == pytest.approx(2 * 0.0073 + 0.0001)
     assert t.total_s("measured") == pytest.approx(0.0002 + 0.0003)
     assert t.count("dispatch") == 2
-    assert t.count("dispatch", phase="decode") == 0
+    assert t.count("dispatch", stage="decode") == 0
 
 
 def test_summary_per_group_counts_totals_and_shares():
@@ -103,12 +103,12 @@ def test_add_dispatch_lays_out_launches_inside_the_dispatch():
     g = time_group(designs)
     t = Trace()
     t.add("host", "prep", 0.001)
-    d = t.add_dispatch(g, group="resid", layer=3, phase="decode")
+    d = t.add_dispatch(g, group="resid", layer=3, stage="decode")
     assert d.duration_s == pytest.approx(g.seconds) and d.start_s == pytest.approx(0.001)
     launches = [e for e in t.events if e.kind == "launch"]
     assert [e.name for e in launches] == [designs[0].name, "second"]
     assert all(d.start_s <= e.start_s <= e.end_s <= d.end_s + 1e-12 for e in launches)
     assert launches[0].end_s <= launches[1].start_s
     assert t.count("dma") == 2 and t.total_s("modeled") == pytest.approx(g.seconds)  # no double counting
-    assert d.macs == g.macs and d.bytes == g.ddr_bytes and d.layer == 3 and d.phase == "decode"
+    assert d.macs == g.macs and d.bytes == g.ddr_bytes and d.layer == 3 and d.stage == "decode"
     assert t.cursor_s == pytest.approx(d.end_s)

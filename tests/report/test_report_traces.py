@@ -36,7 +36,7 @@ def test_deploy_writes_prefill_and_decode_traces(deployed):
         assert problems(doc) == []
         _tracks_are_laid_out(doc)
         events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "placement"]
-        assert events and {e["args"]["phase"] for e in events} == {phase}
+        assert events and {e["args"]["stage"] for e in events} == {phase}
         assert min(e["ts"] for e in events) == 0.0
         # read back: the placement copies are not events of the run, so counts are those of the run
         back = Trace.from_chrome(path)
@@ -103,7 +103,7 @@ def test_generate_trace(zoo_model, tmp_path, capsys):
     doc = _load(out)
     assert problems(doc) == []
     _tracks_are_laid_out(doc)
-    phases = {e["args"].get("phase") for e in doc["traceEvents"] if e.get("ph") == "X"}
+    phases = {e["args"].get("stage") for e in doc["traceEvents"] if e.get("ph") == "X"}
     assert {"prefill", "decode"} <= phases
 
 

@@ -74,8 +74,8 @@ def test_trace_counts_the_plans_dispatches(weights_of, plan_name):
     runner.prefill(PROMPT)
     for tok in (3, 4, 5):
         runner.decode(tok)
-    assert trace.count("dispatch", phase="prefill") == plan.dispatches_per_token("prefill")
-    assert trace.count("dispatch", phase="decode") == 3 * plan.dispatches_per_token("decode")
+    assert trace.count("dispatch", stage="prefill") == plan.dispatches_per_token("prefill")
+    assert trace.count("dispatch", stage="decode") == 3 * plan.dispatches_per_token("decode")
     assert all(e.clock == "modeled" for e in trace.events if e.kind in ("dispatch", "sync"))
     assert all(e.clock == "measured" for e in trace.events if e.kind in ("cpu", "host"))
 
@@ -175,7 +175,7 @@ def test_functional_run_and_time_plan_model_the_same_npu_and_sync_time(weights_o
     plan = builtin_plan(plan_name, w.spec)
     runner = NpuRunner(plan, w)
     runner.generate(PROMPT, max_new_tokens=1, stop_ids=())
-    real = sum(e.duration_s for e in runner.trace.events if e.phase == "prefill" and e.kind in ("dispatch", "sync"))
+    real = sum(e.duration_s for e in runner.trace.events if e.stage == "prefill" and e.kind in ("dispatch", "sync"))
     modeled = time_plan(plan, w.spec, prompt_len=len(PROMPT), cpu="estimated")
     dry = sum(g.dispatch_s + g.sync_s for g in modeled.stage_groups("prefill"))
     assert dry == pytest.approx(real, rel=1e-9)

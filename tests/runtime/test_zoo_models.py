@@ -66,5 +66,5 @@ def test_zoo_model_passes_phase3_measurements(model, plan_name):
     }
     report = T.phase3_gate().evaluate(m)
     assert report.passed, report.failures
-    assert trace.count("dispatch", phase="prefill") == plan.dispatches_per_token("prefill")
-    assert trace.count("dispatch", phase="decode") == (STEPS - 1) * plan.dispatches_per_token("decode")
+    assert trace.count("dispatch", stage="prefill") == plan.dispatches_per_token("prefill")
+    assert trace.count("dispatch", stage="decode") == (STEPS - 1) * plan.dispatches_per_token("decode")

@@ -34,7 +34,7 @@ KINDS = ("dispatch", "launch", "dma", "sync", "host", "cpu")
 # Kinds whose duration comes from the timing model unless the caller says otherwise.
 MODELED_KINDS = ("dispatch", "launch", "dma", "sync")
 CLOCKS = ("modeled", "measured")
-PHASES = ("prefill", "decode")
+STAGES = ("prefill", "decode")
 
 # Kinds that occupy the timeline on their own. Launches and DMAs happen *inside* a dispatch, so counting
 # them in totals would count the same modeled time twice.
@@ -74,7 +74,7 @@ class TraceEvent:
     clock: str
     group: str | None = None
     layer: int | None = None
-    phase: str | None = None
+    stage: str | None = None
     bytes: int = 0
     macs: int = 0
 
@@ -83,8 +83,8 @@ class TraceEvent:
             raise InputError(f"Trace event kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}.")
         if self.clock not in CLOCKS:
             raise InputError(f"Trace event clock {self.clock!r} is unknown; use 'modeled' or 'measured'.")
-        if self.phase is not None and self.phase not in PHASES:
-            raise InputError(f"Trace event phase {self.phase!r} is unknown; use 'prefill', 'decode' or None.")
+        if self.stage is not None and self.stage not in STAGES:
+            raise InputError(f"Trace event stage {self.stage!r} is unknown; use 'prefill', 'decode' or None.")
         if not (self.end_s >= self.start_s >= 0.0):
             raise InputError(
                 f"Trace event {self.name!r} has start {self.start_s} s and end {self.end_s} s; "
@@ -225,7 +225,7 @@ class Trace:
         clock: str | None = None,
         group: str | None = None,
         layer: int | None = None,
-        phase: str | None = None,
+        stage: str | None = None,
         bytes: int = 0,
         macs: int = 0,
     ) -> TraceEvent:
@@ -235,7 +235,7 @@ class Trace:
         if clock is None:
             clock = "modeled" if kind in MODELED_KINDS else "measured"
         start = self.cursor_s
-        event = TraceEvent(name, kind, start, start + duration_s, clock, group, layer, phase, int(bytes), int(macs))
+        event = TraceEvent(name, kind, start, start + duration_s, clock, group, layer, stage, int(bytes), int(macs))
         return self.record(event)
 
     def add_dispatch(
@@ -244,7 +244,7 @@ class Trace:
         *,
         group: str | None = None,
         layer: int | None = None,
-        phase: str | None = None,
+        stage: str | None = None,
     ) -> TraceEvent:
         """Record a modeled dispatch (an ``npu.timing.GroupTiming``) at the cursor: the dispatch itself, one
         launch event per design inside it, and each launch's DDR traffic as a DMA event over the launch.
@@ -259,7 +259,7 @@ class Trace:
             timing.seconds,
             group=group,
             layer=layer,
-            phase=phase,
+            stage=stage,
             bytes=sum(d.ddr_bytes for d in timing.designs),
             macs=sum(d.macs for d in timing.designs),
         )
@@ -269,7 +269,7 @@ class Trace:
         for d in designs:
             t += gap
             end = min(t + d.seconds, dispatch.end_s)
-            common = {"clock": "modeled", "group": group, "layer": layer, "phase": phase}
+            common = {"clock": "modeled", "group": group, "layer": layer, "stage": stage}
             self.record(TraceEvent(d.name, "launch", t, end, bytes=d.ddr_bytes, macs=d.macs, **common))
             self.record(TraceEvent(f"ddr {d.name}", "dma", t, end, bytes=d.ddr_bytes, **common))
             t = end
@@ -279,16 +279,16 @@ class Trace:
     def top_level(self) -> list[TraceEvent]:
         return [e for e in self.events if e.kind in TOP_LEVEL_KINDS]
 
-    def count(self, kind: str, phase: str | None = None) -> int:
-        """How many events of a kind (optionally in one phase), e.g. dispatches per decode token."""
-        return sum(1 for e in self.events if e.kind == kind and (phase is None or e.phase == phase))
+    def count(self, kind: str, stage: str | None = None) -> int:
+        """How many events of a kind (optionally in one stage), e.g. dispatches per decode token."""
+        return sum(1 for e in self.events if e.kind == kind and (stage is None or e.stage == stage))
 
-    def total_s(self, clock: str | None = None, phase: str | None = None) -> float:
-        """Summed duration of top-level events, optionally only one clock or phase."""
+    def total_s(self, clock: str | None = None, stage: str | None = None) -> float:
+        """Summed duration of top-level events, optionally only one clock or stage."""
         return sum(
             e.duration_s
             for e in self.top_level()
-            if (clock is None or e.clock == clock) and (phase is None or e.phase == phase)
+            if (clock is None or e.clock == clock) and (stage is None or e.stage == stage)
         )
 
     def summary(self) -> list[GroupSummary]:
@@ -317,9 +317,9 @@ class Trace:
         )
         return "\n".join(lines)
 
-    def phase_slice(self, phase: str) -> Trace:
-        """The events of one phase, shifted so the phase starts at t = 0 (one file per phase in a workspace)."""
-        mine = [e for e in self.events if e.phase == phase]
+    def stage_slice(self, stage: str) -> Trace:
+        """The events of one stage, shifted so the stage starts at t = 0 (one file per stage in a workspace)."""
+        mine = [e for e in self.events if e.stage == stage]
         t0 = min((e.start_s for e in mine), default=0.0)
         out = Trace()
         for e in mine:
@@ -386,7 +386,7 @@ class Trace:
     @staticmethod
     def _placed(e: TraceEvent, index: int, layout: LaunchLayout, threads: dict[tuple[str, int], str]) -> list[dict]:
         """Copies of a launch (per column) or of its DDR traffic (per shim channel and memory tile)."""
-        common = {"clock": "modeled", "group": e.group, "layer": e.layer, "phase": e.phase, "event": index}
+        common = {"clock": "modeled", "group": e.group, "layer": e.layer, "stage": e.stage, "event": index}
         out: list[dict] = []
 
         def put(proc: str, tid: int, lane: str, args: dict) -> None:
@@ -427,12 +427,12 @@ class Trace:
     def write_phases(
         self, directory: str | os.PathLike, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None
     ) -> dict[str, Path]:
-        """``prefill.json`` and ``decode.json`` under ``directory``, one Chrome trace per phase that has events."""
+        """``prefill.json`` and ``decode.json`` under ``directory``, one Chrome trace per stage that has events."""
         out = {}
-        for phase in PHASES:
-            part = self.phase_slice(phase)
+        for stage in STAGES:
+            part = self.stage_slice(stage)
             if part.events:
-                out[phase] = part.to_chrome(Path(directory) / f"{phase}.json", layouts)
+                out[stage] = part.to_chrome(Path(directory) / f"{stage}.json", layouts)
         return out
 
     @classmethod
@@ -486,7 +486,7 @@ def _event_from_chrome(e: dict) -> TraceEvent:
         clock=str(args["clock"]),
         group=args.get("group"),
         layer=args.get("layer"),
-        phase=args.get("phase"),
+        stage=args.get("stage"),
         bytes=int(args.get("bytes", 0)),
         macs=int(args.get("macs", 0)),
     )

@@ -263,12 +263,12 @@ def roofline_points(ws: Any, prompt_len: int, device: Any, timer: Any) -> dict[s
     for e in trace.events:
         if e.kind != "launch":
             continue
-        key = (e.phase, e.name, e.macs, e.bytes, round(e.duration_s, 12))
+        key = (e.stage, e.name, e.macs, e.bytes, round(e.duration_s, 12))
         if key in seen:
             seen[key]["count"] += 1
             continue
         seen[key] = {
-            "phase": e.phase,
+            "stage": e.stage,
             "name": e.name,
             "family": e.name.split("_")[0],
             "group": e.group,

@@ -186,7 +186,7 @@ def roofline(data: dict[str, Any]) -> str:
         for p in pts:
             ai = p["macs"] / p["bytes"]
             perf = p["macs"] / p["seconds"]
-            marker = "o" if p["phase"] == "prefill" else "^"
+            marker = "o" if p["stage"] == "prefill" else "^"
             ax.scatter(ai, perf, color=colors[p["family"]], marker=marker, s=28, edgecolor="black", lw=0.3, zorder=3)
         xs = [p["macs"] / p["bytes"] for p in pts] or [1.0]
         lo, hi = min(xs) / 4, max(xs) * 4

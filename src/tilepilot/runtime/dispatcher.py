@@ -7,7 +7,7 @@ moves the same (meta) buffers through the same pool, but computes nothing: NPU t
 timing model and CPU time from ``HostOpTimer`` (measured once per shape, or estimated). So the modeled
 figures of a plan and of a real run come from one piece of logic and cannot drift apart.
 
-Every dispatch, buffer sync and CPU step is recorded in the trace with its group, layer and phase.
+Every dispatch, buffer sync and CPU step is recorded in the trace with its group, layer and stage.
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ class HostOpTimer:
 
 @dataclass
 class Pass:
-    """One forward pass: its phase, first position, token count and whether it computes."""
+    """One forward pass: its stage, first position, token count and whether it computes."""
 
-    phase: str
+    stage: str
     start: int
     rows: int
     dry: bool = False
@@ -186,9 +186,9 @@ class Dispatcher:
         pool.on_sync = self._on_sync
 
     # ---- trace plumbing ---------------------------------------------------------------------
-    def set_phase(self, phase: str) -> None:
-        """Host-side work outside any group (inputs, logits read-back) is traced under its phase."""
-        self._ctx = {"group": None, "layer": None, "phase": phase}
+    def set_stage(self, stage: str) -> None:
+        """Host-side work outside any group (inputs, logits read-back) is traced under its stage."""
+        self._ctx = {"group": None, "layer": None, "stage": stage}
 
     def _on_sync(self, ev: SyncEvent) -> None:
         if ev.seconds <= 0:
@@ -199,7 +199,7 @@ class Dispatcher:
             ev.seconds,
             group=self._ctx.get("group"),
             layer=self._ctx.get("layer"),
-            phase=self._ctx.get("phase"),
+            stage=self._ctx.get("stage"),
             bytes=ev.nbytes,
         )
 
@@ -216,12 +216,12 @@ class Dispatcher:
     ) -> None:
         """Run ``groups`` in order; ``env`` maps value names to buffers and gains every value produced."""
         for g in groups:
-            self._ctx = {"group": g.name, "layer": layer, "phase": p.phase}
+            self._ctx = {"group": g.name, "layer": layer, "stage": p.stage}
             if g.where == "cpu":
                 self._run_cpu(g, env, weights, p, layer, kv, tables)
             else:
                 self._run_npu(g, env, weights, p, layer, kv, tables)
-        self.set_phase(p.phase)  # host-side work between groups
+        self.set_stage(p.stage)  # host-side work between groups
 
     # ---- NPU ------------------------------------------------------------------------------------
     def _run_npu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
@@ -270,9 +270,9 @@ class Dispatcher:
             produced.append(node.output)
         if keys:
             gt = self.library.dispatch_time(g.name, keys)
-            self.trace.add_dispatch(gt, group=g.name, layer=layer, phase=p.phase)  # + its launches and DMAs
+            self.trace.add_dispatch(gt, group=g.name, layer=layer, stage=p.stage)  # + its launches and DMAs
         for name in produced:
-            buf = self.pool.buffer(f"{p.phase}.{name}")
+            buf = self.pool.buffer(f"{p.stage}.{name}")
             self.pool.produced(buf, internal[name])
             env[name] = buf
 
@@ -300,7 +300,7 @@ class Dispatcher:
                 self.hc.cpu_estimate_s(2 * nbytes),
                 group=g.name,
                 layer=self._ctx.get("layer"),
-                phase=p.phase,
+                stage=p.stage,
                 bytes=nbytes,
             )
             self.pool.transfer(f"{name}.transpose", "to_device", nbytes)
@@ -350,7 +350,7 @@ class Dispatcher:
             if node.kind == "attention":
                 nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
         if p.dry:
-            key = (tuple((c.op, self._ctx.get("phase")) for c in g.calls), p.rows, p.context)
+            key = (tuple((c.op, self._ctx.get("stage")) for c in g.calls), p.rows, p.context)
             with _host_threads(p):
                 secs = self.timer.seconds(key, nbytes, lambda: self._dry_cpu(g, p))
             for call in g.calls:
@@ -358,20 +358,20 @@ class Dispatcher:
                 if node.kind == "kv_write":
                     kv.side[layer] = "cpu"
                 else:
-                    buf = self.pool.buffer(f"{p.phase}.{node.output}")
+                    buf = self.pool.buffer(f"{p.stage}.{node.output}")
                     buf.write(torch.empty(p.rows, node.width, dtype=BF16, device=META))
                     env[node.output] = buf
-            self.trace.add("cpu", g.name, secs, clock=self.timer.clock, group=g.name, layer=layer, phase=p.phase)
+            self.trace.add("cpu", g.name, secs, clock=self.timer.clock, group=g.name, layer=layer, stage=p.stage)
             return
         with _host_threads(p):
             t0 = time.perf_counter()
             out = compute()
             secs = time.perf_counter() - t0
-        self.trace.add("cpu", g.name, secs, group=g.name, layer=layer, phase=p.phase)
+        self.trace.add("cpu", g.name, secs, group=g.name, layer=layer, stage=p.stage)
         for name, t in out.items():
             if name == KV_STATE:
                 continue
-            buf = self.pool.buffer(f"{p.phase}.{name}")
+            buf = self.pool.buffer(f"{p.stage}.{name}")
             buf.write(t)
             env[name] = buf
 

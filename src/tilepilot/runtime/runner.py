@@ -175,50 +175,50 @@ class NpuRunner:
             raise InputError(f"token ids {bad[:5]} are outside the vocabulary of {self.spec.vocab}; re-tokenize")
         return ids
 
-    def _forward(self, ids: list[int], phase: str, capture: bool, last_only: bool) -> RunnerStep:
+    def _forward(self, ids: list[int], stage: str, capture: bool, last_only: bool) -> RunnerStep:
         s = self.spec
         start, rows = self.cache.length, len(ids)
-        p = Pass(phase=phase, start=start, rows=rows, dry=self.dry)
-        stage = self.plan.stage(phase)
+        p = Pass(stage=stage, start=start, rows=rows, dry=self.dry)
+        stage_plan = self.plan.stage(stage)
         self.cache.reserve(rows)
 
         t0 = time.perf_counter()
-        self.dispatcher.set_phase(phase)
-        x_buf = self.pool.buffer(f"{phase}.{LAYER_INPUT}")
+        self.dispatcher.set_stage(stage)
+        x_buf = self.pool.buffer(f"{stage}.{LAYER_INPUT}")
         if self.dry:
             x_buf.write(torch.empty(rows, s.hidden, dtype=BF16, device="meta"))
         else:
             x_buf.write(self.embed[torch.tensor(ids)])
-        tables = self.pool.buffer(f"{phase}.rope_tables", kind="table")
+        tables = self.pool.buffer(f"{stage}.rope_tables", kind="table")
         tables.write(self.rope.table(start, rows))
         for name in self.static_buffers:
             if self.pool.get(name) is not None:
                 self.pool.mark_static(name)
-        self.trace.add("host", "embed+rope_tables", time.perf_counter() - t0, phase=phase)
+        self.trace.add("host", "embed+rope_tables", time.perf_counter() - t0, stage=stage)
 
         kv = KVState(cache=self.cache)
         outputs: list[torch.Tensor] | None = [] if capture else None
         x = x_buf
         for layer in range(s.n_layers):
             env = {LAYER_INPUT: x}
-            self.dispatcher.run(stage.block, env, self._layers[layer], p, layer, kv, tables)
+            self.dispatcher.run(stage_plan.block, env, self._layers[layer], p, layer, kv, tables)
             x = env[BLOCK_OUTPUT]
             if outputs is not None:
                 outputs.append(_peek(x))
         if last_only and rows > 1:
-            x = self._last_row(x, phase)
-        head_pass = Pass(phase=phase, start=start, rows=1 if last_only else rows, dry=self.dry)
+            x = self._last_row(x, stage)
+        head_pass = Pass(stage=stage, start=start, rows=1 if last_only else rows, dry=self.dry)
         env = {LAYER_INPUT: x}
-        self.dispatcher.run(stage.head, env, self._head, head_pass, None, kv, tables)
+        self.dispatcher.run(stage_plan.head, env, self._head, head_pass, None, kv, tables)
         logits_buf = env[self.graph.head[-1].output]
-        self.dispatcher.set_phase(phase)
+        self.dispatcher.set_stage(stage)
         logits = self.pool.host_view(logits_buf).float()
         self.cache.advance(rows)
         return RunnerStep(logits=logits, layer_outputs=outputs, start=start)
 
-    def _last_row(self, buf: DeviceBuffer, phase: str) -> DeviceBuffer:
+    def _last_row(self, buf: DeviceBuffer, stage: str) -> DeviceBuffer:
         """The head reads only the last position: a view through an offset access pattern, no copy."""
-        last = self.pool.buffer(f"{phase}.x_last")
+        last = self.pool.buffer(f"{stage}.x_last")
         if buf.device_fresh:
             self.pool.produced(last, buf.device[-1:])
         else:

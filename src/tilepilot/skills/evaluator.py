@@ -196,11 +196,11 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     prefill_calls, decode_calls = 2, greedy_steps - 1
     out["dispatches"] = {
         "prefill": {
-            "traced": trace.count("dispatch", phase="prefill"),
+            "traced": trace.count("dispatch", stage="prefill"),
             "expected": plan.dispatches_per_token("prefill") * prefill_calls,
         },
         "decode": {
-            "traced": trace.count("dispatch", phase="decode"),
+            "traced": trace.count("dispatch", stage="decode"),
             "expected": plan.dispatches_per_token("decode") * decode_calls,
         },
     }
