@@ -150,3 +150,18 @@ def import_gguf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ImportResult(out, cfg["architectures"][0], cfg["num_hidden_layers"], len(pairs), quant)
+
+
+def packed_gguf_weights(src: str | Path, layers: int | None = None) -> dict[str, Any]:
+    """The Q4_0 / Q4_1 / Q8_0 weights of a GGUF file as ``QuantTensor`` by Hugging Face name, blocks as stored.
+
+    The companion of ``import_gguf`` for quantized deployments: the imported directory holds the bf16
+    values (exactly the dequantized blocks), this holds the blocks themselves, so a deployment streams the
+    file's own bytes and never re-quantizes. ``layers`` keeps the first N decoder layers, as the import does.
+    """
+    from tilepilot.model.gguf.tensors import packed
+
+    gguf = open_gguf(Path(src))
+    cfg = hf_config(gguf, layers)
+    pairs = selected(gguf, cfg["num_hidden_layers"])
+    return dict(packed(gguf, pairs, cfg))

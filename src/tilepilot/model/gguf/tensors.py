@@ -120,3 +120,29 @@ def hf_tensors(gguf: GGUFFile, pairs: list[tuple[str, str]], cfg: dict[str, Any]
         elif permute and ".self_attn.k_proj." in hf:
             values = unpermute_rotary(values, cfg["num_key_value_heads"])
         yield hf, torch.from_numpy(np.require(values, dtype=np.float32, requirements=["C", "W"])).to(torch.bfloat16)
+
+
+def packed(gguf: GGUFFile, pairs: list[tuple[str, str]], cfg: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Yield (HF name, QuantTensor) for every Q4_0 / Q4_1 / Q8_0 weight, its blocks as stored (no dequantization).
+
+    Blocks run along a row, so Llama's Q/K un-permute moves whole packed rows. Tensors of other types are
+    skipped (the importer's bf16 copies stand for them).
+    """
+    from tilepilot.model.quant import GGUF_TYPES, from_gguf_blocks
+
+    permute = gguf.architecture == "llama"
+    for gname, hf in pairs:
+        t = gguf.tensors[gname]
+        if t.tensor_type.name not in GGUF_TYPES or len(t.shape) != 2:
+            continue
+        k, n = (int(d) for d in t.shape.tolist())
+        qt = from_gguf_blocks(np.asarray(t.data), t.tensor_type.name, n, k)
+        heads = None
+        if permute and ".self_attn.q_proj." in hf:
+            heads = cfg["num_attention_heads"]
+        elif permute and ".self_attn.k_proj." in hf:
+            heads = cfg["num_key_value_heads"]
+        if heads:
+            order = unpermute_rotary(np.arange(n), heads)
+            qt = qt.rows(torch.from_numpy(np.ascontiguousarray(order)))
+        yield hf, qt

@@ -1,0 +1,233 @@
+"""Weight formats: bf16 and the block formats Q4_0, Q4_1 (Q4NX-style affine) and Q8_0, packed as GGUF stores them.
+
+A quantized [N, K] weight is cut along K into blocks of ``block`` values (GGUF: 32). Every block is stored
+as its own bytes, exactly the GGUF layout generalised to any even block size:
+
+- ``q4_0``: fp16 scale d, then block/2 bytes of 4-bit codes q in 0..15; w = d * (q - 8) (signed 4-bit);
+- ``q4_1``: fp16 scale d, fp16 min m, then block/2 bytes of codes; w = d * q + m (AIR's Q4NX encoding);
+- ``q8_0``: fp16 scale d, then block int8 codes; w = d * q.
+
+Nibbles are stored as GGUF does: byte j of a block holds element j in its low nibble and element
+j + block/2 in its high nibble. ``QuantTensor.data`` is the packed uint8 array [N, K/block * block_bytes]
+(what the NPU streams, byte for byte); ``dequantize`` computes fp32 values with the same operations, in
+the same order, as ``gguf.quants.dequantize`` (bit-identical on GGUF blocks), and ``deployed`` rounds
+them once to bf16: the weight the compute tile multiplies and the oracle runs.
+
+Quantizing a bf16 weight is round-to-nearest per block (``quantize``): q4_0 and q8_0 take d = absmax /
+-8 (signed code of largest magnitude, as llama.cpp) resp. absmax / 127; q4_1 takes d = (max - min) / 15 and
+m = min. Errors are bounded by half a step plus fp16 rounding of d and m (``error_bound``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tilepilot.errors import ConfigError
+
+FORMATS = ("bf16", "q4_0", "q4_1", "q8_0")
+QUANT_FORMATS = ("q4_0", "q4_1", "q8_0")
+GGUF_BLOCK = 32
+# Tensors kept in bf16 by default in a quantized deployment (the user may override): the embedding table is
+# a row gather, not a GEMV, and the LM head decides every token (AIR's Q4NX keeps its head in bf16).
+DEFAULT_BF16_TENSORS = ("embed", "lm_head")
+
+
+def _check_fmt(fmt: str, block: int) -> None:
+    if fmt not in QUANT_FORMATS:
+        raise ConfigError(f"weight format {fmt!r} is not a block format; use one of {QUANT_FORMATS}")
+    if block < 2 or block % 2:
+        raise ConfigError(f"block size {block} must be an even number >= 2 (GGUF uses {GGUF_BLOCK})")
+
+
+def header_bytes(fmt: str) -> int:
+    """Bytes of per-block parameters: fp16 scale, plus fp16 min for q4_1."""
+    return 4 if fmt == "q4_1" else 2
+
+
+def code_bytes(fmt: str, block: int) -> int:
+    return block if fmt == "q8_0" else block // 2
+
+
+def block_bytes(fmt: str, block: int = GGUF_BLOCK) -> int:
+    """Stored bytes of one block (GGUF, block 32: q4_0 18, q4_1 20, q8_0 34)."""
+    _check_fmt(fmt, block)
+    return header_bytes(fmt) + code_bytes(fmt, block)
+
+
+def row_bytes(fmt: str, k: int, block: int = GGUF_BLOCK) -> int:
+    if k % block:
+        raise ConfigError(f"K={k} is not a whole number of {block}-value blocks; pick a block size dividing K")
+    return k // block * block_bytes(fmt, block)
+
+
+def bits_per_weight(fmt: str, block: int = GGUF_BLOCK) -> float:
+    return 16.0 if fmt == "bf16" else 8.0 * block_bytes(fmt, block) / block
+
+
+@dataclass
+class QuantTensor:
+    """A packed [n, k] weight: ``data`` uint8 [n, k / block * block_bytes] in the GGUF block layout."""
+
+    fmt: str
+    n: int
+    k: int
+    block: int
+    data: torch.Tensor = field(repr=False)
+
+    def __post_init__(self) -> None:
+        _check_fmt(self.fmt, self.block)
+        want = (self.n, row_bytes(self.fmt, self.k, self.block))
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want:
+            raise ConfigError(
+                f"packed {self.fmt} weight [{self.n}, {self.k}] needs uint8 data of shape {list(want)}, got "
+                f"{self.data.dtype} {list(self.data.shape)}"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.numel())
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [n, k], bit-identical to ``gguf.quants.dequantize`` on the same blocks."""
+        return dequantize_packed(self.data, self.fmt, self.block).reshape(self.n, self.k)
+
+    def deployed(self) -> torch.Tensor:
+        """The bf16 weight the deployment computes with (dequantized, rounded once to nearest-even)."""
+        return self.dequantize().to(torch.bfloat16)
+
+    def rows(self, index: torch.Tensor | list[int]) -> QuantTensor:
+        """A row permutation / selection (blocks run along K, so whole packed rows move)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return QuantTensor(self.fmt, int(idx.numel()), self.k, self.block, self.data[idx].contiguous())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# dequantization (the compute tile's and the oracle's; same operations as gguf-py)
+# ----------------------------------------------------------------------------------------------------------------------
+def _split(blocks: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(d fp32 [b,1], m fp32 [b,1] or None, code bytes [b, c]) of blocks uint8 [b, block_bytes]."""
+    d = blocks[:, 0:2].contiguous().view(torch.float16).to(torch.float32)
+    if fmt == "q4_1":
+        m = blocks[:, 2:4].contiguous().view(torch.float16).to(torch.float32)
+        return d, m, blocks[:, 4:]
+    return d, None, blocks[:, 2:]
+
+
+def unpack_codes(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Integer codes per value of code bytes [b, c]: q4 -> 0..15 (low nibbles first, then high), q8 -> int8."""
+    if fmt == "q8_0":
+        return codes.contiguous().view(torch.int8).to(torch.int16)
+    lo, hi = codes & 0x0F, codes >> 4
+    return torch.cat((lo, hi), dim=1).to(torch.int16)
+
+
+def dequantize_blocks(blocks: torch.Tensor, fmt: str) -> torch.Tensor:
+    """fp32 [b, block] values of packed blocks uint8 [b, block_bytes] (gguf-py's order of operations)."""
+    d, m, codes = _split(blocks, fmt)
+    q = unpack_codes(codes, fmt)
+    if fmt == "q4_0":
+        return d * (q - 8).to(torch.float32)
+    if fmt == "q4_1":
+        return d * q.to(torch.float32) + m  # two roundings (no FMA), as numpy does
+    return q.to(torch.float32) * d
+
+
+def dequantize_packed(data: torch.Tensor, fmt: str, block: int) -> torch.Tensor:
+    """fp32 values of packed rows uint8 [..., n_blocks * block_bytes], shape [..., n_blocks * block]."""
+    bb = block_bytes(fmt, block)
+    lead = data.shape[:-1]
+    blocks = data.reshape(-1, bb)
+    return dequantize_blocks(blocks, fmt).reshape(*lead, data.shape[-1] // bb * block)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# quantization (round to nearest, per block)
+# ----------------------------------------------------------------------------------------------------------------------
+def _fp16_bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
+
+
+def quantize(w: torch.Tensor, fmt: str, block: int = GGUF_BLOCK) -> QuantTensor:
+    """Round-to-nearest block quantization of a 2-D weight [n, k] (any float dtype) into ``fmt``."""
+    _check_fmt(fmt, block)
+    if w.dim() != 2:
+        raise ConfigError(f"only 2-D weights are quantized, got shape {list(w.shape)}")
+    n, k = (int(s) for s in w.shape)
+    row_bytes(fmt, k, block)
+    x = w.to(torch.float32).reshape(-1, block)
+    if fmt == "q4_1":
+        lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
+        d16 = ((hi - lo) / 15).to(torch.float16)
+        m16 = lo.to(torch.float16)
+        d, m = d16.to(torch.float32), m16.to(torch.float32)
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        q = torch.round((x - m) * inv).clamp(0, 15).to(torch.uint8)
+        header = torch.cat((_fp16_bytes(d16), _fp16_bytes(m16)), dim=1)
+    else:
+        idx = x.abs().argmax(dim=1, keepdim=True)
+        peak = x.gather(1, idx)  # signed value of largest magnitude
+        if fmt == "q4_0":
+            d16 = (peak / -8).to(torch.float16)
+            d = d16.to(torch.float32)
+            inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+            q = (torch.round(x * inv) + 8).clamp(0, 15).to(torch.uint8)
+        else:
+            d16 = (peak.abs() / 127).to(torch.float16)
+            d = d16.to(torch.float32)
+            inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+            q = torch.round(x * inv).clamp(-127, 127).to(torch.int8).view(torch.uint8)
+        header = _fp16_bytes(d16)
+    if fmt == "q8_0":
+        codes = q
+    else:
+        half = block // 2
+        codes = q[:, :half] | (q[:, half:] << 4)
+    data = torch.cat((header, codes), dim=1).reshape(n, -1).contiguous()
+    return QuantTensor(fmt, n, k, block, data)
+
+
+def error_bound(w: torch.Tensor, fmt: str, block: int = GGUF_BLOCK) -> torch.Tensor:
+    """Per-block bound on |dequantize(quantize(w)) - w| (fp32 [n*k/block, 1]): a full step (the fp16 scale may
+    round up or down, so codes at the range's ends can miss by more than half a step) plus fp16 min rounding."""
+    x = w.to(torch.float32).reshape(-1, block)
+    if fmt == "q4_1":
+        lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
+        return (hi - lo) / 15 * 1.01 + lo.abs() * 2.0**-10 + 1e-30
+    amax = x.abs().max(dim=1, keepdim=True).values
+    step = amax / (8 if fmt == "q4_0" else 127)
+    return step * 1.01 + 1e-30
+
+
+def deployed_weight(w: torch.Tensor, fmt: str, block: int = GGUF_BLOCK) -> torch.Tensor | QuantTensor:
+    """bf16 stays bf16; a block format packs (quantize) the weight."""
+    if fmt == "bf16":
+        return w.to(torch.bfloat16)
+    return quantize(w, fmt, block)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GGUF blocks as stored
+# ----------------------------------------------------------------------------------------------------------------------
+GGUF_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+
+
+def from_gguf_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> QuantTensor:
+    """A QuantTensor over a GGUF tensor's stored bytes (no dequantize-requantize round trip)."""
+    if type_name not in GGUF_TYPES:
+        raise ConfigError(f"GGUF type {type_name} is not kept packed; kept packed are {sorted(GGUF_TYPES)}")
+    fmt = GGUF_TYPES[type_name]
+    data = torch.from_numpy(np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, -1).copy())
+    return QuantTensor(fmt, n, k, GGUF_BLOCK, data)
+
+
+def as_numpy_blocks(qt: QuantTensor) -> np.ndarray:
+    """The packed bytes as GGUF's [n_blocks, block_bytes] uint8 array (for gguf.quants.dequantize)."""
+    return qt.data.numpy().reshape(-1, block_bytes(qt.fmt, qt.block))
+
