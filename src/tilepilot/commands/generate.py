@@ -50,26 +50,21 @@ def figures_line(n_prompt: int, result, host_s: float) -> str:
 
 
 def run(args) -> int:
-    from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.model.tokenizer import Tokenizer
     from tilepilot.npu.trace import Trace, library_layouts
     from tilepilot.runtime.generate import generate_text
     from tilepilot.runtime.runner import NpuRunner
     from tilepilot.runtime.sampling import SamplingParams
-    from tilepilot.runtime.workspace import load_workspace
 
     if args.system is not None and not args.chat:
         from tilepilot.errors import InputError
 
         raise InputError("--system needs --chat: a system turn exists only in the model's chat template")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    ws = load_workspace(args.workspace)
     t0 = time.perf_counter()
-    weights = load_checkpoint(ws.model_dir)
-    tokenizer = Tokenizer.from_dir(ws.model_dir)  # EOS ids from generation_config.json, template from the model
-    tokenizer.system_prompt = args.system
     trace = Trace()
-    runner = NpuRunner(ws.plan, weights, trace=trace, **ws.runner_options)
+    runner = NpuRunner.open(args.workspace, trace=trace)
+    tokenizer = runner.tokenizer  # EOS ids from generation_config.json, template from the model
+    tokenizer.system_prompt = args.system
 
     def emit(text: str) -> None:
         sys.stdout.write(text)

@@ -22,15 +22,15 @@ from tilepilot.gates import thresholds as T
 from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.gates.metrics import first_divergence
 from tilepilot.harness.probes import rope_probe
-from tilepilot.harness.prompts import GATE_TEXTS, prompt_ids
+from tilepilot.harness.prompts import GATE_TEXTS, KL_TEXTS, kl_text_ids, prompt_ids
 from tilepilot.kernels import lm_head
-from tilepilot.runtime.runner import NpuRunner
 
 SECOND_CALL_COSINE = "second_call.logits_cosine"
 SRC_SECOND_CALL = (
     "tilepilot: a second prompt through the same runner must meet the phase-3 logits bound too (stale or "
     "wrongly static buffers are correct on the first call only; reference/xdna2.md known failure classes)"
 )
+SRC_KL_PREFIX = "tilepilot: the teacher-forced KL steps follow a prefix of the gate prompt's length"
 # Second prompt of the gate uses a different seed from the first so the two inputs differ.
 SECOND_PROMPT_SEED_OFFSET = 1
 
@@ -90,6 +90,36 @@ def oracle_reference(
     layers = [step.captures[x] for x in names]
     b = oracle.prefill(list(second))
     return OracleReference(list(prompt), list(second), step.logits, layers, tokens, top5, b.logits)
+
+
+def kl_ids(tokenizer, vocab: int, prefix: int, seed: int, texts=KL_TEXTS) -> tuple[list[int], bool]:
+    """The text of the teacher-forced KL gate: ``prefix`` tokens then ``T.KL_STEPS`` more (True when real text)."""
+    return kl_text_ids(tokenizer, vocab, prefix + T.KL_STEPS, seed, texts)
+
+
+def oracle_teacher_forced(oracle, ids: Sequence[int], prefix: int, steps: int = T.KL_STEPS) -> torch.Tensor:
+    """The FP32 oracle's next-token logits after each of ``steps`` teacher-forced prefixes, ``[steps, V]``.
+
+    One causal prefill of the text gives every prefix's distribution at once (row ``prefix - 1 + i`` has seen
+    exactly ``ids[:prefix + i]``)."""
+    out = oracle.prefill(list(ids[: prefix + steps - 1]))
+    return out.logits[prefix - 1 : prefix + steps - 1].float()
+
+
+def run_teacher_forced(runner, ids: Sequence[int], prefix: int, steps: int = T.KL_STEPS) -> torch.Tensor:
+    """The runner's side, as it generates: prefill ``ids[:prefix]``, then decode the text's own next tokens
+    (teacher forcing: the runner is fed the text, never its own choices), ``[steps, V]``."""
+    rows = [runner.prefill(list(ids[:prefix]), all_logits=False).logits[-1]]
+    for i in range(1, steps):
+        rows.append(runner.decode(int(ids[prefix + i - 1])).logits[-1])
+    return torch.stack([r.float() for r in rows])
+
+
+def kl_measurements(ref: torch.Tensor, test: torch.Tensor) -> tuple[dict[str, float], dict[str, Any]]:
+    """The KL gate's measurements and its per-step evidence."""
+    kl = M.teacher_forced_kl(ref, test)
+    m = {T.KL_MEAN: kl["mean"], T.KL_P90: kl["p90"], T.KL_MAX: kl["max"]}
+    return m, {"kl_per_step": kl["per_step"], "kl_steps": kl["steps"]}
 
 
 def lm_head_ranges(plan, spec) -> list[tuple[int, int]]:
@@ -176,7 +206,12 @@ def model_gate_thresholds():
 
     base = T.phase3_gate()
     return Gate(
-        base.name, [*base.thresholds, Threshold(SECOND_CALL_COSINE, ">=", T.PHASE3_LOGITS_COSINE, SRC_SECOND_CALL)]
+        base.name,
+        [
+            *base.thresholds,
+            Threshold(SECOND_CALL_COSINE, ">=", T.PHASE3_LOGITS_COSINE, SRC_SECOND_CALL),
+            *T.kl_thresholds(),
+        ],
     )
 
 
@@ -188,12 +223,6 @@ def gate_prompts(ctx, seed: int | None = None, texts=None) -> tuple[list[int], l
     a = prompt_ids(ctx.tokenizer, ctx.spec.vocab, s.gate_prompt_len, seed, texts)
     b = prompt_ids(ctx.tokenizer, ctx.spec.vocab, s.gate_prompt_len, seed + SECOND_PROMPT_SEED_OFFSET, texts)
     return a, b
-
-
-def make_runner(plan, weights, trace=None, library=None, static_buffers=(), **_ignored):
-    """The production runner; ``static_buffers`` are runtime options recorded in the workspace."""
-
-    return NpuRunner(plan, weights, trace=trace, library=library, static_buffers=tuple(static_buffers))
 
 
 def model_gate(
@@ -210,8 +239,13 @@ def model_gate(
         ref = replace(ref, greedy_tokens=ref.greedy_tokens[:steps], greedy_top5=ref.greedy_top5[:steps])
     factory = runner_factory or (lambda: ctx.make_runner(plan))
     evidence: dict[str, Any] = {"greedy_steps": steps}
+    prefix = ctx.settings.gate_prompt_len
+    kl_text, real_text = kl_ids(ctx.tokenizer, ctx.spec.vocab, prefix, ctx.settings.seed)
+    evidence["kl_text"] = "real text (harness/prompts.py KL_TEXTS)" if real_text else "seeded token ids (no tokenizer)"
     try:
-        prod = run_production(factory(), a, b, steps)
+        runner = factory()
+        prod = run_production(runner, a, b, steps)
+        kl_test = run_teacher_forced(runner, kl_text, prefix)
     except Exception as e:  # a design the validator refuses: record its codes for the classifier
         codes = list(getattr(e, "codes", []) or [])
         if not codes and not hasattr(e, "violations"):
@@ -221,8 +255,22 @@ def model_gate(
         return report, evidence
     m, ev = compare_model(ref, prod, lm_head_ranges(plan, ctx.spec))
     evidence.update(ev)
+    km, kev = kl_measurements(_kl_reference(ctx, kl_text, prefix), kl_test)
+    m.update(km)
+    evidence.update(kev)
     report = model_gate_thresholds().evaluate(m)
     if not report.passed:
 
         evidence["rope_position_cosine"] = rope_probe(plan, ctx.spec)
     return report, evidence
+
+
+def _kl_reference(ctx, ids: list[int], prefix: int) -> torch.Tensor:
+    """The oracle's teacher-forced logits, once per run (kept beside the context's other oracle references)."""
+    cache = getattr(ctx, "_reference_cache", None)
+    key = ("teacher-forced-kl", tuple(ids), prefix)
+    if cache is None:
+        return oracle_teacher_forced(ctx.oracle, ids, prefix)
+    if key not in cache:
+        cache[key] = oracle_teacher_forced(ctx.oracle, ids, prefix)
+    return cache[key]

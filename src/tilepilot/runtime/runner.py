@@ -12,12 +12,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from tilepilot.errors import InputError
+from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.graph import BLOCK_OUTPUT, LAYER_INPUT, block_graph
 from tilepilot.model.spec import ModelSpec
+from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.model.weights import WeightSource
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.device import Device, npu2
@@ -28,6 +32,7 @@ from tilepilot.runtime.dispatcher import Dispatcher, HostOpTimer, KernelLibrary,
 from tilepilot.runtime.kv_cache import KVCache
 from tilepilot.runtime.rope_tables import RopeTables
 from tilepilot.runtime.sampling import Sampler, SamplingParams
+from tilepilot.runtime.workspace import Workspace, load_workspace
 
 BF16 = torch.bfloat16
 
@@ -48,7 +53,7 @@ class GenerationResult:
     finish_reason: str  # "eos" | "length"
     prefill_host_s: float  # measured wall clock of the functional prefill
     decode_host_s: float  # measured wall clock of all decode steps
-    modeled_ttft_s: float  # modeled: NPU dispatches + buffer syncs (+ measured CPU groups) of the prefill
+    modeled_ttft_s: float  # modeled: NPU dispatches + buffer syncs + CPU groups' modeled host cost of the prefill
     modeled_decode_s: list[float] = field(default_factory=list)  # same, per decode step
     dispatches_prefill: int = 0
     dispatches_decode: int = 0
@@ -111,6 +116,45 @@ class NpuRunner:
         self.load_s = self.pool.stats.modeled_s  # modeled one-time uploads of preloaded weights
         self.cache = KVCache(self.spec.n_layers, self.spec.kv_dim, self.max_context, device="meta" if dry else "cpu")
         self.rope = RopeTables(self.spec)
+        self.workspace: Workspace | None = None  # set by ``open``
+        self._tokenizer: Tokenizer | None = None
+
+    # ---- opening a deployment -----------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        workspace: str | Path | Workspace,
+        *,
+        plan: DeploymentPlan | None = None,
+        weights: WeightSource | None = None,
+        trace: Trace | None = None,
+        **options: Any,
+    ) -> NpuRunner:
+        """The one way to open a deployment: its plan, its checkpoint, its recorded runtime options.
+
+        Every command, the phases, the evaluator, the server and the report go through here, so a runtime
+        option recorded by the deployment (e.g. buffers treated as static) can never be forgotten by one of
+        them. ``plan`` times or runs another plan over the same checkpoint (a proposal, a built-in plan);
+        ``weights`` reuses a checkpoint already open; ``options`` override the recorded ones.
+        """
+        ws = workspace if isinstance(workspace, Workspace) else load_workspace(workspace)
+        runner = cls(
+            plan if plan is not None else ws.plan,
+            weights if weights is not None else load_checkpoint(ws.model_dir),
+            trace=trace,
+            **{**ws.runner_options, **options},
+        )
+        runner.workspace = ws
+        return runner
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The deployment's tokenizer (read on first use: gates and timing never need it)."""
+        if self._tokenizer is None:
+            if self.workspace is None:
+                raise InputError("this runner was built without a workspace; open it with NpuRunner.open(WORKSPACE)")
+            self._tokenizer = Tokenizer.from_dir(self.workspace.model_dir)
+        return self._tokenizer
 
     # ---- weights -------------------------------------------------------------------------------
     def _load(self, weights: WeightSource) -> None:
@@ -290,7 +334,7 @@ def _peek(buf: DeviceBuffer) -> torch.Tensor:
 
 
 def _window_s(trace: Trace, mark: int) -> float:
-    """Timeline time of the top-level events since ``mark``: modeled NPU/syncs plus measured CPU steps."""
+    """Timeline time of the top-level events since ``mark``: modeled NPU/syncs plus modeled CPU steps."""
     return sum(e.duration_s for e in trace.events[mark:] if e.kind in ("dispatch", "sync", "cpu"))
 
 

@@ -68,7 +68,7 @@ class Finished:
     cached_tokens: int
     modeled_ttft_s: float  # timeline of this request's prefill (only the uncached part), as the runner times it
     modeled_decode_s: tuple[float, ...]  # the same for each decode step
-    ttft_cpu_measured_s: float  # the part of modeled_ttft_s that is the plan's CPU groups, measured on this host
+    ttft_cpu_measured_s: float  # wall clock of the plan's CPU groups on this host, beside modeled_ttft_s (not in it)
     decode_cpu_measured_s: float  # the same, summed over the decode steps
     measured_host_s: float  # measured host wall clock of the run (prefill + decode + sampling + detokenizing)
     measured_queue_s: float  # measured wait in the queue before the run started
@@ -114,28 +114,23 @@ class Job:
 def open_deployment(workspace: str | Path) -> tuple[NpuRunner, Any, str]:
     """Open the deployment in ``workspace``: its runner, its tokenizer and the model id it is served as.
 
-    The one place the serve package builds a runner (as ``tilepilot generate`` does), so switching to a
-    runtime-level ``NpuRunner.open`` is a one-line change here.
+    Through ``NpuRunner.open``, the one way every command opens a deployment.
     """
-    from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.model.tokenizer import Tokenizer
-    from tilepilot.runtime.workspace import load_workspace
-
-    ws = load_workspace(workspace)
-    weights = load_checkpoint(ws.model_dir)
-    tokenizer = Tokenizer.from_dir(ws.model_dir)
-    runner = NpuRunner(ws.plan, weights, **ws.runner_options)
-    return runner, tokenizer, ws.spec.name or ws.model_dir.name
+    runner = NpuRunner.open(workspace)
+    return runner, runner.tokenizer, runner.spec.name or runner.workspace.model_dir.name
 
 
 def cpu_measured_s(trace: Any, mark: int) -> float:
-    """Measured host time of CPU groups since ``mark``: the part of the runner's timeline that is not modeled.
+    """Measured wall clock of the plan's CPU groups since ``mark``, reported beside the modeled figures.
 
-    The runner's window (``_window_s``, what ``tilepilot generate`` prints as modeled) adds the plan's CPU
-    groups as measured in a functional run to the modeled NPU dispatches and syncs; reporting this part
-    beside it keeps the modeled and the measured apart.
+    The runner's window (``_window_s``, what ``tilepilot generate`` prints as modeled) holds the CPU groups at
+    their modeled host cost; each CPU event carries the wall clock it really took as ``measured_s``.
     """
-    return sum(e.duration_s for e in trace.events[mark:] if e.kind == "cpu" and e.clock == "measured")
+    return sum(
+        (e.measured_s if e.clock == "modeled" else e.duration_s) or 0.0
+        for e in trace.events[mark:]
+        if e.kind == "cpu"
+    )
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

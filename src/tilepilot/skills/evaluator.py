@@ -32,7 +32,6 @@ from tilepilot.gates.gate import Gate, GateReport
 from tilepilot.harness.model_gate import (
     compare_model,
     lm_head_ranges,
-    make_runner,
     model_gate_thresholds,
     oracle_reference,
     run_production,
@@ -43,10 +42,10 @@ from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.npu.trace import Trace
 from tilepilot.oracle.model import Oracle
+from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills.context import (
-    RUNTIME_KEY,
     TIMING_PROMPT_LEN,
     checkpoint_files,
     file_digest,
@@ -191,7 +190,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     # 1. the production path, audited
     trace = Trace()
     with OracleCallAudit() as audit:
-        runner = make_runner(plan, weights, trace=trace, **dict(ws.extra.get(RUNTIME_KEY) or {}))
+        runner = NpuRunner.open(ws, weights=weights, trace=trace)
         prod = run_production(runner, a, b, greedy_steps)
     prefill_calls, decode_calls = 2, greedy_steps - 1
     out["dispatches"] = {

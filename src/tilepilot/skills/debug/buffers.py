@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tilepilot.harness.model_gate import gate_prompts, make_runner
+from tilepilot.harness.model_gate import gate_prompts
 from tilepilot.runtime.buffers import StaleBufferError
 from tilepilot.skills.base import DebugSkill, SkillResult
 from tilepilot.skills.classify import STALE_AFTER_FIRST_CALL
@@ -33,7 +33,7 @@ class FixStaleBuffer(DebugSkill):
         a, b = gate_prompts(ctx)
         named: list[str] = []
         for _ in range(len(static) + 1):
-            runner = make_runner(ctx.plan, ctx.weights, library=ctx.library, static_buffers=static)
+            runner = ctx.make_runner(ctx.plan, static_buffers=static)
             runner.pool.trust_static = False
             try:
                 runner.prefill(a)
