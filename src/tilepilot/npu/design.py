@@ -68,8 +68,9 @@ __all__ = [
 
 # Bytes per element. bfp16 (AIE bfp16ebs8): 8 values x 8 bits (sign + 7-bit mantissa) + one 8-bit shared exponent
 # = 9 bytes per 8 values. Only whole blocks of 8 can be stored in that format.
-DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp32": 4.0, "bfp16": 9.0 / 8.0, "int8": 1.0}
-_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp32": 4.0, "bfp16": 9.0 / 8.0, "int8": 1.0, "uint8": 1.0}
+# uint8: packed quantized weights (model/quant.py), streamed as raw bytes and decoded inside a compute tile
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "uint8": torch.uint8}
 
 
 def dtype_bytes(dtype: str) -> float:

@@ -89,6 +89,11 @@ def run_fast(
 # ----------------------------------------------------------------------------------------------------------------------
 # Tile path machinery
 # ----------------------------------------------------------------------------------------------------------------------
+def _poison(dt: torch.dtype) -> float | int:
+    """What an unwritten buffer holds: NaN for floats, 0xA5 for raw bytes (packed weights)."""
+    return float("nan") if dt.is_floating_point else 0xA5
+
+
 class _Ring:
     """One fifo at run time: a ring of ``depth`` producer buffers and, for DMA fifos, one ring per consumer."""
 
@@ -98,7 +103,7 @@ class _Ring:
         dt = torch_dtype(fifo.dtype)
 
         def ring() -> list[torch.Tensor]:
-            return [torch.full(fifo.obj_shape, float("nan"), dtype=dt) for _ in range(fifo.depth)]
+            return [torch.full(fifo.obj_shape, _poison(dt), dtype=dt) for _ in range(fifo.depth)]
 
         self.buffers = ring()
         self.copies = {k: (self.buffers if shared else ring()) for k in consumer_keys}
@@ -207,7 +212,8 @@ class _Machine:
         self.fifos = {f.name: f for f in design.fifos}
         self.ddr: dict[str, torch.Tensor] = {k: v.reshape(-1).clone() for k, v in inputs.items()}
         for spec in design.outputs:
-            self.ddr[spec.name] = torch.full((spec.n_elements,), float("nan"), dtype=torch_dtype(spec.dtype))
+            dt = torch_dtype(spec.dtype)
+            self.ddr[spec.name] = torch.full((spec.n_elements,), _poison(dt), dtype=dt)
         self.rings = {
             f.name: _Ring(f, [str(c) for c in design.consumers(f.name)], uses_shared_memory(design, f))
             for f in design.fifos

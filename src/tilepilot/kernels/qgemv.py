@@ -1,0 +1,264 @@
+"""Quantized GEMV: y[M, N] = x[M, K] @ dequant(Wq)[N, K]^T for decode, packed weights streamed as stored.
+
+The weight tensor ``w`` is the packed uint8 array of ``model/quant.py`` ([N, K / block * block_bytes]: per
+block an fp16 scale, an fp16 min for q4_1, then the codes), so every DMA moves the true bytes of the format
+(Q4_0 at block 32: 4.5 bits per weight). The dataflow is the GEMV's (``kernels/gemv.py``) with one change
+of element type: column c's shim streams, per kernel call, a (tile_m, tile_k / block * block_bytes) byte
+block; the compute tile decodes it (unpack nibbles, scale, add min: ``quant.dequantize_blocks``), rounds
+the weights once to bf16 and runs the bf16 matvec with fp32 accumulation across K and one bf16 rounding.
+
+Weight feed (``weight_channels``): 1 = one shim MM2S channel per column carries the weights (x rides the
+other channel of column 0's shim); 2 = both MM2S channels of every column carry half of each weight block
+(rows [0, tile_m/2) and [tile_m/2, tile_m)) into the column's memory tile, which joins them into one object
+for the compute tile, as AIR's dual-channel fused decode does; x then needs a shim of
+its own, the first column the design does not use, so 2 channels need cols < the device's columns. The tuner
+picks whichever the timing model says is faster.
+
+Numerics: exactly a bf16 GEMV over ``QuantTensor.deployed()`` (the dequantized weights rounded once to
+bf16), which is what the oracle runs. Fast path: dequantize the whole tensor, then ``numerics.matmul`` with
+the GEMV's K chunks (exact=True bit-identical to the tile path, tested on small shapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from tilepilot.kernels.gemv import K_GRANULE, MAX_TOKENS, TILE_M_CHOICES, stream_taps, tile_k_choices
+from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
+from tilepilot.npu import numerics as nx
+from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, join
+from tilepilot.npu.design import ObjectFifo as Fifo
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_REPEAT, WORD_BYTES, DesignError, Violation
+from tilepilot.oracle.ops import linear
+
+FAMILY = "qgemv"
+VARIANTS = ("vector",)
+# vector ops per decoded weight in the tile (unpack, convert, scale, [add min], round): AIE2P decodes a
+# 512-bit register of nibbles per few cycles; counted as element operations for the timing model.
+DEQUANT_OPS = {"q4_0": 3, "q4_1": 4, "q8_0": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int
+    k: int
+    m: int = 1
+    fmt: str = "q4_0"
+    block: int = 32
+
+
+@dataclass(frozen=True)
+class Config:
+    """``tile_m``/``tile_k`` 0 = the default for the shape. ``fmt``/``block`` describe the data (the plan sets
+    them from its weight format; the tuner never changes them)."""
+
+    cols: int = 8
+    tile_m: int = 0
+    tile_k: int = 0
+    depth: int = 2
+    weight_channels: int = 1
+    fmt: str = "q4_0"
+    block: int = 32
+
+
+def _err(message: str) -> DesignError:
+    return DesignError([Violation("SHAPE_NOT_TILING", None, message)], FAMILY)
+
+
+def chunk_bytes(shape: Shape, tile_k: int) -> int:
+    return tile_k // shape.block * block_bytes(shape.fmt, shape.block)
+
+
+def l1_bytes(shape: Shape, config: Config) -> int:
+    """W byte chunk x depth, x chunk and y block double-buffered, decoded bf16 chunk, fp32 acc, stack."""
+    tm, tk, m = config.tile_m, config.tile_k, shape.m
+    w = config.depth * tm * chunk_bytes(shape, tk)
+    return w + 2 * (2 * m * tk + 2 * m * tm) + 2 * tm * tk + 4 * m * tm + CORE_STACK_BYTES
+
+
+def _resolve(shape: Shape, config: Config, device: Device) -> Config:
+    if config.tile_m and config.tile_k:
+        return config
+    d = default_config(shape, device, config.cols, config.weight_channels)
+    return replace(d, depth=config.depth)
+
+
+def _check(shape: Shape, config: Config, device: Device) -> None:
+    if shape.fmt not in QUANT_FORMATS:
+        raise _err(f"weight format {shape.fmt!r} is not a block format; use one of {QUANT_FORMATS}")
+    if (config.fmt, config.block) != (shape.fmt, shape.block):
+        raise _err(f"config is for {config.fmt}/{config.block} but the weights are {shape.fmt}/{shape.block}")
+    if min(shape.n, shape.k, shape.m) < 1 or shape.m > MAX_TOKENS:
+        raise _err(f"shape {shape} is not a GEMV (1..{MAX_TOKENS} tokens, non-empty)")
+    if config.weight_channels not in (1, 2):
+        raise _err(f"weight_channels must be 1 or 2, got {config.weight_channels}")
+    if config.weight_channels == 2 and (config.cols >= device.columns or config.tile_m % 2):
+        raise _err("two weight channels per column need a free column's shim for x and an even tile_m")
+    if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
+        raise _err(f"config {config} does not fit {device.name}")
+    if shape.n % (config.cols * config.tile_m):
+        raise _err(f"N={shape.n} does not split into {config.cols} columns x blocks of {config.tile_m} rows")
+    if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
+        raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
+    if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
+        raise _err(f"a {config.tile_k}-value chunk of {shape.fmt} is not a whole number of 32-bit words")
+
+
+def _kernel(shape: Shape, config: Config) -> TileKernel:
+    fmt, block = shape.fmt, shape.block
+
+    def qmatvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        wq, x = ins
+        (y,) = outs
+        w = dequantize_packed(wq, fmt, block).to(torch.bfloat16)  # decode in the tile, one bf16 rounding
+        if ctx.first:
+            ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
+        ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, "bf16"), "fp32")
+        if ctx.last:
+            y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
+
+    tm, tk, m = config.tile_m, config.tile_k, shape.m
+    return TileKernel(
+        name=f"qmatvec_{fmt}_b{block}_{tm}x{tk}",
+        fn=qmatvec_tile,
+        variant="vector",
+        macs_per_call=m * tm * tk,
+        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk,
+        bytes_per_call=tm * chunk_bytes(shape, tk) + 2 * m * tk + 4 * m * tm,
+        params={"tile_m": tm, "tile_k": tk, "m": m, "fmt": fmt, "block": block},
+    )
+
+
+def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
+    device = device or npu2()
+    config = _resolve(shape, config or default_config(shape, device), device)
+    _check(shape, config, device)
+    cols, tm, tk, depth, m, ch = config.cols, config.tile_m, config.tile_k, config.depth, shape.m, config.weight_channels
+    n, k = shape.n, shape.k
+    rb = k // shape.block * block_bytes(shape.fmt, shape.block)  # packed bytes per weight row
+    cb = chunk_bytes(shape, tk)
+    per_col = n // cols
+    iters, ksteps = per_col // tm, k // tk
+    x_shim = Tile(0 if ch == 1 else cols, SHIM_ROW)
+    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=x_shim)]
+    workers = []
+    links = []
+    kernel = _kernel(shape, config)
+    sub = tm // ch
+    for c in range(cols):
+        shim = Tile(c, SHIM_ROW)
+        w_names = [f"w_{c}_{j}" for j in range(ch)]
+        fifos += [Fifo(name, (sub, cb), "uint8", depth, shim_placement=shim) for name in w_names]
+        w_in = w_names[0]
+        if ch == 2:  # both shim MM2S channels feed the column's memory tile, which joins the halves
+            w_in = f"w_{c}"
+            fifos.append(Fifo(w_in, (tm, cb), "uint8", depth))
+            links.append(join(f"w_join_{c}", w_names, w_in, [0, sub * cb], Tile(c, MEM_ROW)))
+        fifos.append(Fifo(f"y_{c}", (m, tm), "bf16", 2, shim_placement=shim))
+        workers.append(
+            Worker(
+                name=f"qmv_{c}",
+                kernel=kernel,
+                inputs=(w_in, "x"),
+                outputs=(f"y_{c}",),
+                iterations=iters,
+                placement=Tile(c, FIRST_COMPUTE_ROW),
+                local_bytes=4 * m * tm + 2 * tm * tk,
+                acquires={w_in: ksteps, "x": ksteps, f"y_{c}": 1},
+                calls_per_iteration=ksteps,
+            )
+        )
+    rt = Runtime()
+    for group, i0 in enumerate(range(0, iters, TAP_MAX_REPEAT)):
+        nb = min(TAP_MAX_REPEAT, iters - i0)
+        for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
+            rt.fill("x", "x", tap, group)
+        for c in range(cols):
+            for j in range(ch):
+                w_off = (c * per_col + i0 * tm + j * sub) * rb
+                for tap in stream_taps((n, rb), w_off, [nb, ksteps, sub, cb], [tm * rb, cb, rb, 1], "uint8"):
+                    rt.fill(f"w_{c}_{j}", "w", tap, group)
+            y_off = c * per_col + i0 * tm
+            for tap in stream_taps((m, n), y_off, [nb, m, tm], [tm, n, 1]):
+                rt.drain(f"y_{c}", "y", tap, group)
+    design = Design(
+        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}",
+        device=device,
+        inputs=[TensorSpec("x", (m, k)), TensorSpec("w", (n, rb), "uint8")],
+        outputs=[TensorSpec("y", (m, n))],
+        fifos=fifos,
+        links=links,
+        workers=workers,
+        runtime=rt,
+        numerics=nx.Numerics("bf16", "fp32", tk, "bf16", (f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16")),
+        fast=_fast(shape, config),
+    )
+    design.meta = {
+        "family": FAMILY,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "macs": design.total_macs(),
+        "useful_macs": m * n * k,
+        "ddr_read_bytes": design.ddr_read_bytes(),
+        "ddr_write_bytes": design.ddr_write_bytes(),
+        "weight_bytes": n * rb,
+    }
+    return design
+
+
+def _fast(shape: Shape, config: Config):
+    def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        w = dequantize_packed(inputs["w"], shape.fmt, shape.block).to(torch.bfloat16)
+        return {"y": nx.matmul(inputs["x"], w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)}
+
+    return fast
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 y = x @ deployed(W)^T (the dequantized weights rounded to bf16, as the deployment defines them)."""
+    shape = shape or Shape(1, 1)
+    w = dequantize_packed(inputs["w"], shape.fmt, shape.block).to(torch.bfloat16)
+    return {"y": linear(inputs["x"], w)}
+
+
+def fits(shape: Shape, config: Config, device: Device) -> bool:
+    try:
+        _check(shape, config, device)
+    except DesignError:
+        return False
+    return l1_bytes(shape, config) <= device.compute.memory_bytes
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """Columns x rows per call x K chunk x depth x weight channels, most tiles and biggest calls first."""
+    device = device or npu2()
+    ks = [t for t in tile_k_choices(shape.k) if t % shape.block == 0][:6]
+    out: list[tuple[tuple, Config]] = []
+    for cols in (8, 4, 2, 1):
+        for ch in (1, 2):
+            for tm in TILE_M_CHOICES:
+                for tk in ks:
+                    for depth in (2, 1):
+                        cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block)
+                        if fits(shape, cfg, device):
+                            out.append(((depth != 2, -cols * ch, -tm * tk, ch), cfg))
+    out.sort(key=lambda x: x[0])
+    return [c for _, c in out]
+
+
+def default_config(shape: Shape, device: Device | None = None, cols: int | None = None, channels: int = 1) -> Config:
+    """The GEMV's default (8 columns, one row, biggest chunks that fit), one weight channel per column."""
+    device = device or npu2()
+    col_choices = (cols,) if cols else (8, 4, 2, 1)
+    for c in col_choices:
+        if c > device.columns:
+            continue
+        for tm in (16, 8, 4, 2):
+            for tk in tile_k_choices(shape.k):
+                cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block)
+                if fits(shape, cfg, device):
+                    return cfg
+    raise _err(f"no quantized GEMV tiling fits {shape}")
