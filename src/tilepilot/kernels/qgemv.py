@@ -136,7 +136,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     device = device or npu2()
     config = _resolve(shape, config or default_config(shape, device), device)
     _check(shape, config, device)
-    cols, tm, tk, depth, m, ch = config.cols, config.tile_m, config.tile_k, config.depth, shape.m, config.weight_channels
+    cols, tm, tk, depth, m = config.cols, config.tile_m, config.tile_k, config.depth, shape.m
+    ch = config.weight_channels
     n, k = shape.n, shape.k
     rb = k // shape.block * block_bytes(shape.fmt, shape.block)  # packed bytes per weight row
     cb = chunk_bytes(shape, tk)
@@ -193,7 +194,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         links=links,
         workers=workers,
         runtime=rt,
-        numerics=nx.Numerics("bf16", "fp32", tk, "bf16", (f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16")),
+        numerics=nx.Numerics(
+            "bf16", "fp32", tk, "bf16", (f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16")
+        ),
         fast=_fast(shape, config),
     )
     design.meta = {
