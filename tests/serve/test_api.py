@@ -24,9 +24,10 @@ def assert_labelled_figures(fig: dict, decode_steps: bool) -> None:
     if decode_steps:
         assert fig["modeled_decode_tok_s"] > 0
     assert "modeled" in fig["note"] and "measured" in fig["note"]
-    assert 0 <= fig["ttft_cpu_measured_s"] <= fig["modeled_ttft_s"]  # the measured part of the runner's timeline
+    # the CPU groups' wall clock, reported beside the modeled figures (which hold their modeled cost instead)
+    assert fig["ttft_cpu_measured_s"] >= 0
     if decode_steps:
-        assert 0 <= fig["decode_cpu_measured_s_per_token"] <= 1 / fig["modeled_decode_tok_s"]
+        assert fig["decode_cpu_measured_s_per_token"] >= 0
 
 
 def stream_chat(client, model_id, **kw):
@@ -136,8 +137,8 @@ def test_multi_turn_chat_reuses_the_kv_cache_and_answers_as_a_cold_run(client, m
     cold = client.chat.completions.create(model=model_id, messages=turn2, max_tokens=5, temperature=0)
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert warm.choices[0].message.content == cold.choices[0].message.content
-    npu = [figures(r)["modeled_ttft_s"] - figures(r)["ttft_cpu_measured_s"] for r in (warm, cold)]
-    assert npu[0] <= npu[1]  # the modeled (load-independent) part of a shorter prefill is no longer
+    npu = [figures(r)["modeled_ttft_s"] for r in (warm, cold)]
+    assert npu[0] <= npu[1]  # the modeled (load-independent) TTFT of a shorter prefill is no longer
 
 
 def test_a_prompt_that_diverges_from_the_cache_keeps_only_the_shared_rows(client, model_id, tokenizer):

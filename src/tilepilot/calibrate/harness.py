@@ -576,7 +576,7 @@ def end_to_end_figures(cal: Calibration = CALIBRATION, cpu: str = "estimated") -
             modeled[key] = paper_t.group(stage, name).per_call_s
         except (KeyError, ValueError, TilepilotError):
             modeled[key] = None
-    cpu_note = "CPU groups measured on this host" if cpu == "measured" else "CPU groups estimated from bytes"
+    cpu_note = "CPU groups modeled (host bytes + FLOPs constants)"
     return [
         Figure(
             k,

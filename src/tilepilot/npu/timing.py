@@ -534,8 +534,8 @@ def _drain_path(
 # ----------------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HostCost:
-    """Host-side costs around dispatches. Buffer syncs and uploads are modeled (there is no device buffer);
-    CPU fallbacks are measured when they run and only estimated for plans timed without running."""
+    """Host-side costs around dispatches, all modeled: buffer syncs and uploads (there is no device buffer) and CPU
+    groups (``cpu_model_s``); a CPU group's measured wall clock is reported beside its modeled cost, never in it."""
 
     cal: Calibration = CALIBRATION
 
@@ -571,6 +571,15 @@ class HostCost:
         if measured_s < 0:
             raise InputError(f"Measured CPU time {measured_s} s is negative; pass the wall-clock seconds it took.")
         return float(measured_s)
+
+    def cpu_model_s(self, nbytes_streamed: int, flops: int = 0) -> float:
+        """Modeled host cost of a CPU group: a roofline of its bytes at ``host_cpu_bytes_per_s`` and its arithmetic
+        at ``host_cpu_flops_per_s`` (the slower of the two). A function of the shapes and the constants only."""
+        if nbytes_streamed < 0 or flops < 0:
+            raise InputError(
+                f"A CPU op streaming {nbytes_streamed} bytes with {flops} FLOPs is impossible; pass counts >= 0."
+            )
+        return max(nbytes_streamed / self.cal.host_cpu_bytes_per_s, flops / self.cal.host_cpu_flops_per_s)
 
     def cpu_estimate_s(self, nbytes_streamed: int) -> float:
         """Modeled estimate of a CPU op that was not run (analytic plan timing): bytes / host CPU bandwidth."""

@@ -2,7 +2,8 @@
 
 Two clocks meet on one timeline and must never be confused: NPU work (dispatches, launches, DMAs) and
 host<->device buffer syncs (there is no real device buffer to copy into) have a *modeled* duration from
-``npu.timing``; host work we really run (host ops, CPU fallbacks) has a *measured* one. Each event
+``npu.timing``; CPU groups of a plan have a *modeled* host cost too (``HostCost.cpu_model_s``) and carry the
+wall clock they really took beside it (``measured_s``), and other host work has a *measured* duration. Each event
 carries its ``clock`` so every reader (the summary, Perfetto, the independent evaluator) can tell which
 is which. The NPU and the host sit in separate Chrome "processes" so a viewer
 shows them as separate lanes.
@@ -50,14 +51,14 @@ _LANES = {
     "dma": ("npu", 3, "DDR traffic per launch (modeled)"),
     "sync": ("host", 1, "buffer sync (modeled)"),
     "host": ("host", 2, "host ops (measured)"),
-    "cpu": ("host", 3, "cpu fallback (measured)"),
+    "cpu": ("host", 3, "cpu groups (modeled; wall clock beside)"),
 }
 _PROCESS_NAMES = {
     "npu": "NPU dispatches (modeled time)",
     "columns": "NPU compute columns (modeled time)",
     "mem": "NPU memory tiles (modeled time)",
     "shim": "NPU shim DMA channels (modeled time)",
-    "host": "Host (syncs modeled, host ops measured)",
+    "host": "Host (syncs and CPU groups modeled, host ops measured)",
 }
 UNPLACED = -1  # column of workers / links / shim fifos a design leaves unplaced
 PLACEMENT_CAT = "placement"
@@ -77,6 +78,12 @@ class TraceEvent:
     stage: str | None = None
     bytes: int = 0
     macs: int = 0
+    # host work whose duration is modeled (a CPU group) may carry the wall clock it really took, labelled measured;
+    # it is reported beside the timeline, never part of it
+    measured_s: float | None = None
+    # the duration exactly as recorded (end_s - start_s carries the rounding of the cursor position, so a sum of
+    # those would depend on what came before, e.g. a measured host event; modeled totals sum this instead)
+    recorded_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -95,7 +102,7 @@ class TraceEvent:
 
     @property
     def duration_s(self) -> float:
-        return self.end_s - self.start_s
+        return self.recorded_s if self.recorded_s is not None else self.end_s - self.start_s
 
     @property
     def label(self) -> str:
@@ -228,6 +235,7 @@ class Trace:
         stage: str | None = None,
         bytes: int = 0,
         macs: int = 0,
+        measured_s: float | None = None,
     ) -> TraceEvent:
         """Append an event at the cursor. NPU kinds and syncs default to the modeled clock, host work to measured."""
         if duration_s < 0:
@@ -235,7 +243,10 @@ class Trace:
         if clock is None:
             clock = "modeled" if kind in MODELED_KINDS else "measured"
         start = self.cursor_s
-        event = TraceEvent(name, kind, start, start + duration_s, clock, group, layer, stage, int(bytes), int(macs))
+        event = TraceEvent(
+            name, kind, start, start + duration_s, clock, group, layer, stage, int(bytes), int(macs), measured_s,
+            float(duration_s),
+        )
         return self.record(event)
 
     def add_dispatch(
@@ -341,7 +352,9 @@ class Trace:
         threads: dict[tuple[str, int], str] = {(proc, tid): lane for proc, tid, lane in _LANES.values()}
         for i, e in enumerate(self.events):
             proc, tid, _ = _LANES[e.kind]
-            args = {k: v for k, v in asdict(e).items() if k not in ("name", "kind", "start_s", "end_s")}
+            args = {k: v for k, v in asdict(e).items() if k not in ("name", "kind", "start_s", "end_s", "recorded_s")}
+            if args.get("measured_s") is None:
+                args.pop("measured_s", None)
             args["event"] = i
             events.append(_x(e.name, e.kind, e.start_s, e.duration_s, _PID[proc], tid, args))
             layout = None
@@ -489,4 +502,5 @@ def _event_from_chrome(e: dict) -> TraceEvent:
         stage=args.get("stage"),
         bytes=int(args.get("bytes", 0)),
         macs=int(args.get("macs", 0)),
+        measured_s=None if args.get("measured_s") is None else float(args["measured_s"]),
     )

@@ -1,10 +1,11 @@
 """Executes a plan's kernel groups for one layer (or the head): NPU groups as dispatches, CPU groups on host.
 
 One executor, two modes. In a *functional* run every NPU call runs its design's fast path on real
-bf16 tensors and every CPU call runs the host op, timed by wall clock. In a *dry* run (``dry=True``,
+bf16 tensors and every CPU call runs the host op (its cost on the timeline is modeled, its wall clock is recorded
+beside it as ``measured_s``). In a *dry* run (``dry=True``,
 what ``time_plan`` uses) the same code walks the same groups, builds and times the same designs and
 moves the same (meta) buffers through the same pool, but computes nothing: NPU time comes from the
-timing model and CPU time from ``HostOpTimer`` (measured once per shape, or estimated). So the modeled
+timing model and CPU cost from ``HostOpTimer`` (modeled; optionally measured beside). So the modeled
 figures of a plan and of a real run come from one piece of logic and cannot drift apart.
 
 Every dispatch, buffer sync and CPU step is recorded in the trace with its group, layer and stage.
@@ -66,6 +67,18 @@ def _host_threads(p: Pass) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def cpu_flops(kind: str, rows: int, context: int, io_width: int, weight_elems: int, spec: ModelSpec) -> int:
+    """Arithmetic of one host op (multiply and add counted apart): matrix products by their shapes, elementwise
+    ops by a few operations per element of their inputs and output (they are bytes-bound on the host anyway)."""
+    if kind in ("linear", "lm_head"):
+        return 2 * rows * weight_elems
+    if kind == "attention":
+        return 4 * rows * context * spec.n_heads * spec.head_dim  # Q K^T and P V over the cached positions
+    if kind == "kv_write":
+        return 0
+    return 4 * rows * io_width
+
+
 class KernelLibrary:
     """Designs and modeled dispatch times, built once per (family, shape, config) and group.
 
@@ -110,11 +123,17 @@ class KernelLibrary:
 
 
 class HostOpTimer:
-    """CPU time of a host step at a shape for dry runs: measured once per shape (or estimated from bytes)."""
+    """Host cost of a CPU group in dry runs: always *modeled* (``HostCost.cpu_model_s``, a roofline of the group's
+    bytes and FLOPs at the calibration's host rates), so a modeled total depends on the plan, the code and the
+    constants only, never on this machine's load. With ``mode="measured"`` the group is also run once per shape
+    on zero tensors and its measured wall clock is reported *beside* the modeled cost (trace ``measured_s``),
+    never inside it. ``"estimated"`` is an older name of ``"modeled"``."""
 
-    def __init__(self, mode: str = "measured", cal: Calibration = CALIBRATION, repeats: int = 3):
-        if mode not in ("measured", "estimated"):
-            raise ValueError(f"HostOpTimer mode must be 'measured' or 'estimated', got {mode!r}")
+    MODES = ("modeled", "estimated", "measured")
+
+    def __init__(self, mode: str = "modeled", cal: Calibration = CALIBRATION, repeats: int = 3):
+        if mode not in self.MODES:
+            raise ValueError(f"HostOpTimer mode must be one of {self.MODES}, got {mode!r}")
         self.mode = mode
         self.cal = cal
         self.repeats = repeats
@@ -122,12 +141,21 @@ class HostOpTimer:
 
     @property
     def clock(self) -> str:
-        return "measured" if self.mode == "measured" else "modeled"
+        """The clock of the cost that enters modeled totals: always modeled."""
+        return "modeled"
 
-    def seconds(self, key: Any, nbytes: int, run: Callable[[], None]) -> float:
-        """Seconds of ``run`` (a host step on zero tensors of the real shapes), cached by ``key``."""
-        if self.mode == "estimated":
-            return HostCost(self.cal).cpu_estimate_s(nbytes)
+    @property
+    def measures(self) -> bool:
+        return self.mode == "measured"
+
+    def seconds(self, nbytes: int, flops: int = 0) -> float:
+        """Modeled host seconds of a CPU step streaming ``nbytes`` with ``flops`` of arithmetic."""
+        return HostCost(self.cal).cpu_model_s(nbytes, flops)
+
+    def measured(self, key: Any, run: Callable[[], None]) -> float | None:
+        """Measured wall clock of ``run`` (median of ``repeats``, cached by ``key``), or None when not measuring."""
+        if not self.measures:
+            return None
         if key not in self._cache:
             run()  # warm up: page in the tensors, pick kernels
             samples = []
@@ -342,17 +370,21 @@ class Dispatcher:
                     out[node.output] = r
             return out
 
+        flops = 0
         for call in g.calls:
             node = self.graph.node(call.op)
-            nbytes += sum(int(weights[n].nbytes) for n in node.weights)
+            wbytes = sum(int(weights[n].nbytes) for n in node.weights)
+            nbytes += wbytes
             widths = [self.graph.value_width(v, s) for v in node.inputs if v != KV_STATE]
             nbytes += 2 * p.rows * (node.width + sum(widths))
+            flops += cpu_flops(node.kind, p.rows, p.context, node.width + sum(widths), wbytes // 2, s)
             if node.kind == "attention":
                 nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
+        secs = self.timer.seconds(nbytes, flops)
         if p.dry:
             key = (tuple((c.op, self._ctx.get("stage")) for c in g.calls), p.rows, p.context)
             with _host_threads(p):
-                secs = self.timer.seconds(key, nbytes, lambda: self._dry_cpu(g, p))
+                measured = self.timer.measured(key, lambda: self._dry_cpu(g, p))
             for call in g.calls:
                 node = self.graph.node(call.op)
                 if node.kind == "kv_write":
@@ -361,13 +393,16 @@ class Dispatcher:
                     buf = self.pool.buffer(f"{p.stage}.{node.output}")
                     buf.write(torch.empty(p.rows, node.width, dtype=BF16, device=META))
                     env[node.output] = buf
-            self.trace.add("cpu", g.name, secs, clock=self.timer.clock, group=g.name, layer=layer, stage=p.stage)
+            self.trace.add(
+                "cpu", g.name, secs, clock="modeled", measured_s=measured, group=g.name, layer=layer, stage=p.stage
+            )
             return
         with _host_threads(p):
             t0 = time.perf_counter()
             out = compute()
-            secs = time.perf_counter() - t0
-        self.trace.add("cpu", g.name, secs, group=g.name, layer=layer, stage=p.stage)
+            wall = time.perf_counter() - t0
+        # the modeled cost enters the timeline; the wall clock it really took rides beside it, labelled measured
+        self.trace.add("cpu", g.name, secs, clock="modeled", measured_s=wall, group=g.name, layer=layer, stage=p.stage)
         for name, t in out.items():
             if name == KV_STATE:
                 continue

@@ -2,9 +2,11 @@
 
 ``time_plan`` runs the plan *dry* through the production runner (``NpuRunner(dry=True)`` over meta
 weights): every call builds its design for its real shape and is timed by ``npu.timing``, every buffer
-sync the host policy causes is modeled by the same ``BufferPool`` a real run uses, and CPU groups take
-their measured CPU time at that shape (measured once per shape; ``cpu="estimated"`` uses the
-calibration's bytes-based estimate instead, deterministic, for tests). Nothing is computed.
+sync the host policy causes is modeled by the same ``BufferPool`` a real run uses, and CPU groups get their
+modeled host cost (``HostCost.cpu_model_s``: bytes and FLOPs at the calibration's host rates). Nothing is computed,
+so every figure is a function of the plan, the code and the constants, whatever the machine's load. With
+``cpu="measured"`` each CPU group is also run once per shape on zero tensors and its measured wall clock is
+reported beside (``GroupTime.cpu_measured_s``), never in a modeled total.
 
 Conventions:
 - TTFT = the prefill pass of ``prompt_len`` tokens from an empty cache, all layers plus the head. The LM
@@ -12,7 +14,7 @@ Conventions:
 - decode latency = one steady-state decode step whose attention reads ``context_len`` cached positions
   (default ``prompt_len``), timed as the second of two consecutive steps so one-time uploads are excluded.
 - one-time uploads of preloaded weights are reported as ``load_s`` and are not part of TTFT.
-Every figure is modeled (NPU and syncs) except CPU groups timed by measurement (``cpu_clock``).
+Every figure is modeled; ``cpu_measured_s`` fields (None unless measured) are the only measured ones.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class GroupTime:
     calls: int
     dispatch_s: float
     sync_s: float
-    cpu_s: float
+    cpu_s: float  # modeled host cost of the group's CPU steps
+    cpu_measured_s: float | None = None  # their measured wall clock on this machine (cpu="measured"), beside
 
     @property
     def total_s(self) -> float:
@@ -95,7 +98,7 @@ class PlanTiming:
     load_s: float
     dispatches: dict[str, int]
     groups: list[GroupTime] = field(default_factory=list)
-    cpu_clock: str = "measured"
+    cpu_clock: str = "modeled"  # CPU groups are modeled; their measured wall clock (if any) is in cpu_measured_s
     clock: str = "modeled"
 
     @property
@@ -120,6 +123,12 @@ class PlanTiming:
         return d
 
 
+def _measured(events) -> float | None:
+    """Summed measured wall clock of CPU events, None when none of them was measured."""
+    vals = [e.measured_s for e in events if e.measured_s is not None]
+    return sum(vals) if vals else None
+
+
 def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
     st = plan.stage(stage)
     out: list[GroupTime] = []
@@ -138,6 +147,7 @@ def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
                 dispatch_s=sum(e.duration_s for e in mine if e.kind == "dispatch"),
                 sync_s=sum(e.duration_s for e in mine if e.kind == "sync"),
                 cpu_s=sum(e.duration_s for e in mine if e.kind == "cpu"),
+                cpu_measured_s=_measured(e for e in mine if e.kind == "cpu"),
             )
         )
     loose = [e for e in events if e.kind in _TOP and e.group not in names]
@@ -152,6 +162,7 @@ def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
                 dispatch_s=0.0,
                 sync_s=sum(e.duration_s for e in loose if e.kind == "sync"),
                 cpu_s=sum(e.duration_s for e in loose if e.kind == "cpu"),
+                cpu_measured_s=_measured(e for e in loose if e.kind == "cpu"),
             )
         )
     return out
@@ -165,7 +176,7 @@ def time_plan(
     *,
     device: Device | None = None,
     cal: Calibration = CALIBRATION,
-    cpu: str = "measured",
+    cpu: str = "modeled",
     library: KernelLibrary | None = None,
     timer: HostOpTimer | None = None,
 ) -> PlanTiming:
@@ -208,5 +219,5 @@ def time_plan(
             "decode": sum(e.kind == "dispatch" for e in decode_events),
         },
         groups=_groups(plan, "prefill", prefill_events) + _groups(plan, "decode", decode_events),
-        cpu_clock="measured" if cpu == "measured" else "modeled",
+        cpu_clock="modeled",
     )

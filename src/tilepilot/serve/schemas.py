@@ -122,20 +122,23 @@ class TilepilotFigures(BaseModel):
 
     There is no NPU on this machine: ``modeled_*`` come from the deployment's XDNA2 timing model for the
     dispatches and buffer syncs this request ran, on the runner's timeline, which also holds the plan's CPU
-    groups (e.g. decode attention on the host) at their measured time: that part is reported beside, so
-    the modeled share is ``modeled - cpu_measured``. ``measured_*`` are wall clock of this process.
+    groups (e.g. decode attention on the host) at their modeled host cost. The wall clock those CPU groups took
+    on this machine is reported beside (``*_cpu_measured_*``), not inside. ``measured_*`` are wall clock of
+    this process.
     """
 
     modeled_ttft_s: float = Field(description="modeled time to first token of this request's prefill")
     modeled_decode_tok_s: float | None = Field(description="modeled decode tokens/s (None: no decode step)")
-    ttft_cpu_measured_s: float = Field(description="part of modeled_ttft_s spent in the plan's CPU groups, measured")
+    ttft_cpu_measured_s: float = Field(
+        description="measured wall clock of the plan's CPU groups in this prefill (beside modeled_ttft_s, not in it)"
+    )
     decode_cpu_measured_s_per_token: float = Field(description="the same per decode step")
     measured_host_s: float = Field(description="measured host wall clock of the functional run")
     measured_queue_s: float = Field(description="measured wait in the server's queue before the run")
     cached_prompt_tokens: int
     note: str = (
-        "modeled_* = XDNA2 timing model of the NPU dispatches and syncs (no NPU here), plus the plan's CPU groups "
-        "as measured here (the *_cpu_measured_* fields); measured_* = host wall clock"
+        "modeled_* = XDNA2 timing model of the NPU dispatches and syncs (no NPU here) plus the plan's CPU groups' "
+        "modeled host cost; *_cpu_measured_* = those CPU groups' wall clock here; measured_* = host wall clock"
     )
 
 
