@@ -96,6 +96,16 @@ def _gemv_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return out["y"]
 
 
+def _qgemv_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
+    n, k = _linear_dims(node, spec)
+    return family_module("qgemv").Shape(n=n, k=k, m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32))
+
+
+def _qgemv_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    """``args[field]`` is the packed uint8 weight (the runner registers packed buffers for qgemv stages)."""
+    return design.fast({"x": args["_in"][0], "w": args[args["_w"][0]]})["y"]
+
+
 # ---- residual add ---------------------------------------------------------------------------------------------------
 def _add_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("eltwise").Shape(n=rows * node.width, op="add")
@@ -196,6 +206,7 @@ BINDINGS: dict[tuple[str, str], Binding] = {
     ("bias", "bias"): Binding(_bias_shape, _bias_run),
     ("linear", "gemm"): Binding(_gemm_shape, _gemm_run),
     ("linear", "gemv"): Binding(_gemv_shape, _gemv_run),
+    ("linear", "qgemv"): Binding(_qgemv_shape, _qgemv_run),
     ("add", "eltwise"): Binding(_add_shape, _add_run),
     ("lm_head", "lm_head"): Binding(_head_shape, _head_run),
     ("lm_head", "gemv"): Binding(

@@ -231,3 +231,107 @@ def as_numpy_blocks(qt: QuantTensor) -> np.ndarray:
     """The packed bytes as GGUF's [n_blocks, block_bytes] uint8 array (for gguf.quants.dequantize)."""
     return qt.data.numpy().reshape(-1, block_bytes(qt.fmt, qt.block))
 
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# a deployment's weights
+# ----------------------------------------------------------------------------------------------------------------------
+LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """What a plan deploys: ``format`` for the layers' projections, ``block`` values per block, and the tensors
+    kept in bf16 (``bf16_tensors``: "embed", "lm_head" and/or LayerWeights field names)."""
+
+    format: str = "bf16"
+    block: int = GGUF_BLOCK
+    bf16_tensors: tuple[str, ...] = DEFAULT_BF16_TENSORS
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.format not in FORMATS:
+            out.append(f"weights.format is {self.format!r}; use one of {FORMATS}")
+        elif self.format != "bf16" and (self.block < 2 or self.block % 2):
+            out.append(f"weights.block is {self.block}; use an even block size (GGUF: {GGUF_BLOCK})")
+        return out
+
+    @property
+    def quantized(self) -> bool:
+        return self.format != "bf16"
+
+    def packs(self, field_name: str) -> bool:
+        return self.quantized and field_name in LINEAR_FIELDS and field_name not in self.bf16_tensors
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> WeightFormat:
+        d = dict(d or {})
+        if "bf16_tensors" in d:
+            d["bf16_tensors"] = tuple(d["bf16_tensors"])
+        return cls(**d)
+
+
+class QuantizedWeights:
+    """A WeightSource for the deployed model: every projection the format packs is a ``QuantTensor``
+    (``packed(i, field)``) and ``layer(i)`` hands out its *deployed* bf16 values (dequantized, rounded once),
+    so the oracle built on this source computes with exactly the weights the NPU multiplies.
+
+    ``stored`` maps Hugging Face names to packed GGUF blocks (``packed_gguf_weights``): those are used as
+    stored when their format is the deployment's; everything else is quantized round-to-nearest from bf16.
+    """
+
+    def __init__(self, source, fmt: WeightFormat, stored: dict[str, QuantTensor] | None = None):
+        self.source = source
+        self.spec = source.spec
+        self.format = fmt
+        self.stored = stored or {}
+        self._packed: dict[tuple[int, str], QuantTensor] = {}
+        self.used_stored = 0
+
+    def packed(self, i: int, field_name: str) -> QuantTensor:
+        key = (i, field_name)
+        if key not in self._packed:
+            from tilepilot.model.weights import LAYER_TENSOR_NAMES
+
+            hf = f"model.layers.{i}.{LAYER_TENSOR_NAMES[field_name]}"
+            qt = self.stored.get(hf)
+            if qt is not None and (qt.fmt, qt.block) == (self.format.format, self.format.block):
+                self.used_stored += 1
+            else:
+                w = getattr(self.source.layer(i), field_name)
+                if w.device.type == "meta":
+                    n, k = w.shape
+                    data = torch.empty(n, row_bytes(self.format.format, k, self.format.block), dtype=torch.uint8,
+                                       device="meta")  # fmt: skip
+                    qt = QuantTensor(self.format.format, n, k, self.format.block, data)
+                else:
+                    qt = quantize(w, self.format.format, self.format.block)
+            self._packed[key] = qt
+        return self._packed[key]
+
+    def layer(self, i: int):
+        lw = self.source.layer(i)
+        if not self.format.quantized:
+            return lw
+        for f in LINEAR_FIELDS:
+            w = getattr(lw, f)
+            if self.format.packs(f) and w is not None and w.device.type != "meta":
+                setattr(lw, f, self.packed(i, f).deployed())
+        return lw
+
+    def embed(self) -> torch.Tensor:
+        return self.source.embed()
+
+    def final_norm(self) -> torch.Tensor:
+        return self.source.final_norm()
+
+    def lm_head(self) -> torch.Tensor:
+        return self.source.lm_head()
+
+
+def deployment_weights(source, fmt: WeightFormat | dict | None, stored: dict | None = None):
+    """``source`` itself for bf16, else a ``QuantizedWeights`` over it (idempotent)."""
+    fmt = fmt if isinstance(fmt, WeightFormat) else WeightFormat.from_dict(fmt)
+    if not fmt.quantized or isinstance(source, QuantizedWeights):
+        return source
+    return QuantizedWeights(source, fmt, stored)

@@ -16,6 +16,7 @@ from typing import Any
 
 from tilepilot.errors import ConfigError
 from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, block_graph
+from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
 
 PLAN_FORMAT = 1
@@ -23,6 +24,8 @@ STAGES = ("prefill", "decode")
 WHERE = ("npu", "cpu")
 WEIGHT_POLICIES = ("preloaded", "per_call")
 LAYOUTS = ("seq_first", "host_transpose")
+# families that read packed weights (model/quant.py) instead of bf16 ones
+QUANT_FAMILIES = ("qgemv",)
 
 
 @dataclass
@@ -82,6 +85,11 @@ class DeploymentPlan:
     decode: StagePlan
     host: HostPolicy = field(default_factory=HostPolicy)
     notes: list[str] = field(default_factory=list)
+    # the deployed weight format (model/quant.WeightFormat as a dict; empty = bf16 everywhere)
+    weights: dict[str, Any] = field(default_factory=dict)
+
+    def weight_format(self) -> WeightFormat:
+        return WeightFormat.from_dict(self.weights)
 
     # ---- views --------------------------------------------------------------------------
     def model_spec(self) -> ModelSpec:
@@ -124,6 +132,7 @@ class DeploymentPlan:
                 decode=_stage_from_dict(d["decode"]),
                 host=HostPolicy(**d.get("host", {})),
                 notes=list(d.get("notes", [])),
+                weights=dict(d.get("weights", {})),
             )
         except (KeyError, TypeError) as e:
             raise ConfigError(f"plan JSON is malformed ({type(e).__name__}: {e}); rebuild or fix the plan") from None
@@ -184,6 +193,12 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
         problems.append(f"host.weights is {h.weights!r}; use one of {WEIGHT_POLICIES}")
     if h.layout not in LAYOUTS:
         problems.append(f"host.layout is {h.layout!r}; use one of {LAYOUTS}")
+    try:
+        wf = plan.weight_format()
+        problems += wf.problems()
+    except TypeError as e:
+        problems.append(f"weights is malformed ({e}); use format/block/bf16_tensors")
+        wf = WeightFormat()
     for stage in STAGES:
         st = plan.stage(stage)
         for part, groups, expected, external in (
@@ -226,6 +241,8 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                             )
                     elif c.family not in allowed:
                         problems.append(f"{where} op {c.op} uses family {c.family!r}; it must be one of {allowed}")
+                    if c.family in QUANT_FAMILIES and not wf.quantized:
+                        problems.append(f"{where} op {c.op} uses {c.family} but the plan's weights are bf16")
                     if not isinstance(c.config, dict):
                         problems.append(f"{where} op {c.op} has a non-object config")
     return problems
@@ -236,3 +253,25 @@ def check_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> None:
     problems = validate_plan(plan, spec)
     if problems:
         raise ConfigError(f"plan {plan.name!r} is invalid: " + "; ".join(problems))
+
+
+def with_weights(plan: DeploymentPlan, fmt: WeightFormat) -> DeploymentPlan:
+    """``plan`` deploying ``fmt``: decode projections the format packs run the quantized GEMV (``qgemv``) over the
+    packed blocks; prefill keeps bf16 GEMMs over the dequantized weights (as AIR's Q4NX prefill does)."""
+    from tilepilot.model.graph import block_graph
+
+    out = DeploymentPlan.from_dict(plan.to_dict())
+    out.weights = asdict(fmt) | {"bf16_tensors": list(fmt.bf16_tensors)}
+    graph = block_graph(out.model_spec())
+    for g in out.decode.block:
+        for c in g.calls:
+            node = graph.node(c.op)
+            if g.where != "npu" or node.kind != "linear":
+                continue
+            if fmt.packs(node.weights[0]):
+                c.family, c.config = "qgemv", {"fmt": fmt.format, "block": fmt.block}
+            elif c.family == "qgemv":
+                c.family, c.config = "gemv", {}
+    if fmt.quantized:
+        out.notes.append(f"weights {fmt.format} (block {fmt.block}); bf16: {', '.join(fmt.bf16_tensors)}")
+    return out

@@ -20,6 +20,7 @@ import torch
 from tilepilot.errors import InputError
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.graph import BLOCK_OUTPUT, LAYER_INPUT, block_graph
+from tilepilot.model.quant import deployment_weights
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.model.weights import WeightSource
@@ -160,14 +161,24 @@ class NpuRunner:
     def _load(self, weights: WeightSource) -> None:
         """Register each tensor once in bf16 as a device buffer (preloaded policies pay the upload here)."""
         s = self.spec
+        weights = deployment_weights(weights, self.plan.weight_format())
+        self.weights = weights  # the deployed model (dequantized values where the plan packs weights)
         self.embed = _bf16(weights.embed())
         self._layers: list[dict[str, DeviceBuffer]] = []
+        self._decode_layers: list[dict[str, DeviceBuffer]] = []
         needed = {w for n in self.graph.block for w in n.weights}
+        packed = {  # weights whose decode kernel streams the packed blocks (qgemv)
+            self.graph.node(c.op).weights[0] for g in self.plan.decode.block for c in g.calls if c.family == "qgemv"
+        }
         for i in range(s.n_layers):
             lw = weights.layer(i)
             self._layers.append(
                 {name: self.pool.weight(f"layer{i}.{name}", _bf16(getattr(lw, name))) for name in sorted(needed)}
             )
+            dec = dict(self._layers[-1])
+            for name in sorted(packed):
+                dec[name] = self.pool.weight(f"layer{i}.{name}.packed", weights.packed(i, name).data)
+            self._decode_layers.append(dec)
         head = self.embed if s.tied_embeddings else _bf16(weights.lm_head())
         self._head = {
             "final_norm": self.pool.weight("final_norm", _bf16(weights.final_norm())),
@@ -245,7 +256,8 @@ class NpuRunner:
         x = x_buf
         for layer in range(s.n_layers):
             env = {LAYER_INPUT: x}
-            self.dispatcher.run(stage_plan.block, env, self._layers[layer], p, layer, kv, tables)
+            layer_weights = self._decode_layers[layer] if stage == "decode" else self._layers[layer]
+            self.dispatcher.run(stage_plan.block, env, layer_weights, p, layer, kv, tables)
             x = env[BLOCK_OUTPUT]
             if outputs is not None:
                 outputs.append(_peek(x))

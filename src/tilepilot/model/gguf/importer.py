@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tilepilot.errors import TokenizerError
 from tilepilot.model.gguf.config import eos_ids, generation_config, hf_config
 from tilepilot.model.gguf.reader import GGUFFile, open_gguf
-from tilepilot.model.gguf.tensors import check_against_spec, hf_tensors, selected
+from tilepilot.model.gguf.tensors import check_against_spec, hf_tensors, packed, selected
 from tilepilot.model.gguf.tokenizer import build_tokenizer, tokenizer_config
 from tilepilot.model.spec import spec_from_config
 from tilepilot.model.zoo import DEFAULT_SHARD_BYTES, check_out_dir
@@ -116,7 +117,6 @@ def import_gguf(
     check_against_spec(pairs, gguf, spec_from_config(cfg).tensor_shapes())
     tokenizer = build_tokenizer(gguf)
     if tokenizer.get_vocab_size(with_added_tokens=True) > cfg["vocab_size"]:
-        from tilepilot.errors import TokenizerError
 
         raise TokenizerError(
             f"the GGUF's tokenizer has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens but the embedding "
@@ -159,7 +159,6 @@ def packed_gguf_weights(src: str | Path, layers: int | None = None) -> dict[str,
     values (exactly the dequantized blocks), this holds the blocks themselves, so a deployment streams the
     file's own bytes and never re-quantizes. ``layers`` keeps the first N decoder layers, as the import does.
     """
-    from tilepilot.model.gguf.tensors import packed
 
     gguf = open_gguf(Path(src))
     cfg = hf_config(gguf, layers)

@@ -18,6 +18,7 @@ import torch
 
 from tilepilot.errors import CheckpointError, ScopeError
 from tilepilot.model.gguf.reader import GGUFFile
+from tilepilot.model.quant import GGUF_TYPES, from_gguf_blocks
 
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -128,7 +129,6 @@ def packed(gguf: GGUFFile, pairs: list[tuple[str, str]], cfg: dict[str, Any]) ->
     Blocks run along a row, so Llama's Q/K un-permute moves whole packed rows. Tensors of other types are
     skipped (the importer's bf16 copies stand for them).
     """
-    from tilepilot.model.quant import GGUF_TYPES, from_gguf_blocks
 
     permute = gguf.architecture == "llama"
     for gname, hf in pairs:
