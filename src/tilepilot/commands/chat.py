@@ -9,6 +9,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tilepilot.errors import InputError
+from tilepilot.runtime.sampling import SamplingParams
+from tilepilot.serve.engine import Engine
+from tilepilot.serve.repl import ChatRepl
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -26,10 +31,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from tilepilot.errors import InputError
-    from tilepilot.runtime.sampling import SamplingParams
-    from tilepilot.serve.engine import Engine
-    from tilepilot.serve.repl import ChatRepl
 
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")

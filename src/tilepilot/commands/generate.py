@@ -12,6 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+from tilepilot.errors import InputError
+from tilepilot.npu.trace import Trace, library_layouts
+from tilepilot.runtime.generate import generate_text
+from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.sampling import SamplingParams
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -50,13 +56,8 @@ def figures_line(n_prompt: int, result, host_s: float) -> str:
 
 
 def run(args) -> int:
-    from tilepilot.npu.trace import Trace, library_layouts
-    from tilepilot.runtime.generate import generate_text
-    from tilepilot.runtime.runner import NpuRunner
-    from tilepilot.runtime.sampling import SamplingParams
 
     if args.system is not None and not args.chat:
-        from tilepilot.errors import InputError
 
         raise InputError("--system needs --chat: a system turn exists only in the model's chat template")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)

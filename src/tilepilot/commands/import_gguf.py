@@ -11,6 +11,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from tilepilot.model.gguf import extract_gguf, import_gguf
+
 NAME = "import"  # the sub-command; the module cannot be called import.py
 
 
@@ -52,7 +54,6 @@ def progress_bar(console, label: str):
 def run(args) -> int:
     from rich.console import Console
 
-    from tilepilot.model.gguf import extract_gguf, import_gguf
 
     err = Console(stderr=True)
     src: Path = args.model

@@ -10,8 +10,12 @@ import json
 import tempfile
 from pathlib import Path
 
+from tilepilot.commands.import_gguf import progress_bar
+from tilepilot.errors import TokenizerError
 from tilepilot.model.checkpoint import check_headers
+from tilepilot.model.gguf import is_gguf_input, resolve_model_path
 from tilepilot.model.spec import load_spec
+from tilepilot.model.tokenizer import Tokenizer
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -23,8 +27,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _tokenizer_summary(model_dir: str) -> dict:
     """What the tokenizer files offer; a missing or broken tokenizer is reported, not fatal (weights still load)."""
-    from tilepilot.errors import TokenizerError
-    from tilepilot.model.tokenizer import Tokenizer
 
     try:
         tok = Tokenizer.from_dir(model_dir)
@@ -42,8 +44,6 @@ def _tokenizer_summary(model_dir: str) -> dict:
 def _run_gguf(args) -> int:
     from rich.console import Console
 
-    from tilepilot.commands.import_gguf import progress_bar
-    from tilepilot.model.gguf import resolve_model_path
 
     src = Path(args.model_dir)
     with tempfile.TemporaryDirectory(prefix="tilepilot-inspect-") as tmp:
@@ -54,7 +54,6 @@ def _run_gguf(args) -> int:
 
 
 def run(args) -> int:
-    from tilepilot.model.gguf import is_gguf_input
 
     if is_gguf_input(args.model_dir):
         return _run_gguf(args)

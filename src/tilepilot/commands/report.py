@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tilepilot.errors import InputError
+from tilepilot.report import build_report
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -40,8 +43,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from tilepilot.errors import InputError
-    from tilepilot.report import build_report
 
     if args.calibration is not None and not args.calibration.is_file():
         raise InputError(f"--calibration {args.calibration} is not a file; save one with `tilepilot calibrate --json`")

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tilepilot.errors import InputError
+from tilepilot.serve.engine import Engine
+from tilepilot.serve.launch import serve
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -26,9 +30,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from tilepilot.errors import InputError
-    from tilepilot.serve.engine import Engine
-    from tilepilot.serve.launch import serve
 
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be in 0..65535, got {args.port}")

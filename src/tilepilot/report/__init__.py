@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.report.data import ReportData, gather
+from tilepilot.report.figures import FIGURES
+from tilepilot.report.page import render_page
 
 REPORT_FILE = "report.html"
 
 
 def render(data: ReportData) -> str:
     """The page for gathered data: a figure for every section that has data, a sentence for the others."""
-    from tilepilot.report.figures import FIGURES
-    from tilepilot.report.page import render_page
 
     svgs = {s.key: FIGURES[s.key](s.data) for s in data.sections if s.ok}
     return render_page(data, svgs)

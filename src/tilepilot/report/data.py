@@ -19,10 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tilepilot.calibrate import harness
 from tilepilot.errors import TilepilotError
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.device import npu2
 from tilepilot.npu.trace import Trace
+from tilepilot.plan.builtin import builtin_plan
+from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.timing import MetaWeights, time_plan
+from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills import journal as J
 
 BUILTIN_COMPARED = ("paper-like", "iron-like")
@@ -176,7 +182,6 @@ def gates_section(gates: dict[str, dict[str, Any]]) -> Section:
 # modeled timing of the deployed and built-in plans
 # ----------------------------------------------------------------------------------------------------------------------
 def _plans(ws: Any) -> list[tuple[str, Any]]:
-    from tilepilot.plan.builtin import builtin_plan
 
     return [("deployed", ws.plan)] + [(name, builtin_plan(name, ws.spec)) for name in BUILTIN_COMPARED]
 
@@ -184,8 +189,6 @@ def _plans(ws: Any) -> list[tuple[str, Any]]:
 def plan_timings(ws: Any, prompt_len: int, cpu: str = "measured") -> tuple[Section, Section]:
     """Per-layer modeled time per kernel group for each compared plan, and every kernel instance of the
     deployed plan for the roofline. One dry run per plan through the production runner (``time_plan``)."""
-    from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
-    from tilepilot.runtime.timing import time_plan
 
     layers = Section("layers", "Per-layer modeled time by kernel group")
     roof = Section("roofline", "Roofline of the deployed plan's kernel instances")
@@ -242,9 +245,6 @@ def plan_timings(ws: Any, prompt_len: int, cpu: str = "measured") -> tuple[Secti
 def roofline_points(ws: Any, prompt_len: int, device: Any, timer: Any) -> dict[str, Any]:
     """Every distinct kernel instance (launch) of the deployed plan at the modeled prompt length and context:
     its MACs, DDR bytes and modeled time, read off a dry run's trace, plus the array's roofs."""
-    from tilepilot.runtime.dispatcher import KernelLibrary
-    from tilepilot.runtime.runner import NpuRunner
-    from tilepilot.runtime.timing import MetaWeights
 
     trace = Trace()
     runner = NpuRunner(
@@ -323,7 +323,6 @@ def calibration_section(calibration: dict[str, Any] | Path | None) -> Section:
         elif isinstance(calibration, dict):
             report, source = calibration, "given report"
         else:
-            from tilepilot.calibrate import harness
 
             report, source = harness.run(end_to_end=False).to_dict(), "computed now (tilepilot calibrate, kernels)"
     except (OSError, ValueError, TilepilotError) as e:
@@ -369,7 +368,6 @@ def gather(
     cpu: str = "measured",
 ) -> ReportData:
     """Read a workspace and time its plans; raises only when there is no deployment to report on."""
-    from tilepilot.runtime.workspace import load_workspace
 
     root = Path(workspace)
     ws = load_workspace(root)  # a WorkspaceError naming the file when this is not a deployment

