@@ -395,3 +395,14 @@ def test_validator_matches_independent_resource_count(d):
     use = resource_use(d)
     for t in l1:
         assert use[t].memory > 65536
+
+
+def test_dispatch_watchdog_is_a_rule_on_a_dispatchs_modeled_time():
+    """xdna2.md: the amdxdna watchdog kills a dispatch running longer than ~4-6 s; the validator holds the lower end."""
+    from tilepilot.npu.validate import DISPATCH_WATCHDOG_S, DesignError, check_dispatch, dispatch_problems
+
+    assert DISPATCH_WATCHDOG_S == 4.0
+    assert dispatch_problems("decode_all", 3.9) == []
+    with pytest.raises(DesignError) as e:
+        check_dispatch("decode_all", 4.2)
+    assert e.value.codes == ["DISPATCH_WATCHDOG"] and "4.200 s" in str(e.value)

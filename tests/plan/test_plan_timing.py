@@ -119,3 +119,19 @@ def test_modeled_figures_are_identical_under_cpu_load(llama_1b):
         proc.join(timeout=10)
     assert any(g.cpu_s > 0 for g in idle.groups)  # the plan has CPU groups, so the test means something
     assert _figures(busy) == _figures(idle)
+
+
+def test_an_illegal_tiling_is_an_error_naming_its_code_never_a_time(llama_1b):
+    """Issue 11 item 7: time_plan validates every design it times."""
+    import sys
+    from pathlib import Path
+
+    from tilepilot.npu.validate import DesignError
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from illegal import with_illegal_up_proj
+
+    bad = with_illegal_up_proj(paper_like_plan(llama_1b))
+    with pytest.raises(DesignError) as e:
+        time_plan(bad, llama_1b, 256, library=KernelLibrary())
+    assert "L1_OVERFLOW" in e.value.codes and "L1_OVERFLOW" in str(e.value)

@@ -76,7 +76,13 @@ CODES = (
     "WORKER_PROGRAM",  # declarative summary the default program cannot run
     "NUMERICS_MISMATCH",  # kernel variant and declared numerics disagree
     "GROUP_BINDING",
+    "DISPATCH_WATCHDOG",  # one dispatch's modeled time exceeds the driver's per-dispatch watchdog
 )
+
+# The amdxdna driver's watchdog kills a dispatch running longer than ~4-6 s (xdna2.md "driver limits": amd/IRON
+# llama README; ROCm/FastFlowLM #712, #704). A published limit, so a rule: the lower end of the range, since a
+# design that only fits under the upper end would fail on some firmware.
+DISPATCH_WATCHDOG_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -570,8 +576,32 @@ def check_group(group: MultiLaunchGroup, place: bool = True) -> MultiLaunchGroup
     return group
 
 
+def dispatch_problems(name: str, seconds: float, limit_s: float = DISPATCH_WATCHDOG_S) -> list[Violation]:
+    """DISPATCH_WATCHDOG when one dispatch's modeled time exceeds the driver's per-dispatch watchdog."""
+    if seconds > limit_s:
+        return [
+            Violation(
+                "DISPATCH_WATCHDOG",
+                None,
+                f"dispatch {name} is modeled at {seconds:.3f} s, beyond the driver's {limit_s:.1f} s per-dispatch "
+                "watchdog (amdxdna kills it); split it into several dispatches",
+            )
+        ]
+    return []
+
+
+def check_dispatch(name: str, seconds: float, limit_s: float = DISPATCH_WATCHDOG_S) -> None:
+    """Raise DesignError (DISPATCH_WATCHDOG) when a dispatch would outlive the driver's watchdog."""
+    problems = dispatch_problems(name, seconds, limit_s)
+    if problems:
+        raise DesignError(problems, f"dispatch {name}")
+
+
 __all__ = [
     "CODES",
+    "DISPATCH_WATCHDOG_S",
+    "check_dispatch",
+    "dispatch_problems",
     "CORE_STACK_BYTES",
     "DesignError",
     "TileUse",

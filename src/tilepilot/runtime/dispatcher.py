@@ -30,6 +30,7 @@ from tilepilot.npu.design import MultiLaunchGroup
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.timing import GroupTiming, HostCost, time_group
 from tilepilot.npu.trace import Trace
+from tilepilot.npu.validate import DesignError, check_dispatch, validate, validate_group
 from tilepilot.plan.plan import HostPolicy, KernelGroup
 from tilepilot.runtime import host_ops
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer, SyncCostModel, SyncEvent
@@ -82,6 +83,11 @@ def cpu_flops(kind: str, rows: int, context: int, io_width: int, weight_elems: i
 class KernelLibrary:
     """Designs and modeled dispatch times, built once per (family, shape, config) and group.
 
+    Legal or nothing: every design is validated when it is built (``npu.validate``) and every dispatch's modeled
+    time is checked against the driver's watchdog, so an illegal design raises ``DesignError`` naming its code
+    instead of being timed. Everything that times a plan (``time_plan``, ``bench``, the optimizations, the
+    evaluator, a functional run) builds its designs here.
+
     Bounded (least recently used first out): decode attention on the NPU has a new shape at every
     context length, so an unbounded cache would grow with every generated token.
     """
@@ -105,7 +111,11 @@ class KernelLibrary:
         if key not in self._designs:
             mod = family_module(family)
             cfg = make_config(mod, shape, config, self.device)
-            self._designs[key] = mod.make_design(shape, cfg, self.device)
+            design = mod.make_design(shape, cfg, self.device)
+            problems = validate_group(design) if isinstance(design, MultiLaunchGroup) else validate(design)
+            if problems:
+                raise DesignError(problems, f"{family} {getattr(design, 'name', family)} (config {dict(config)})")
+            self._designs[key] = design
         self._touch(self._designs, key, self.capacity)
         return key, self._designs[key]
 
@@ -117,7 +127,9 @@ class KernelLibrary:
             for k in keys:
                 d = self._designs[k]
                 designs.extend(d.designs if isinstance(d, MultiLaunchGroup) else [d])
-            self._groups[gkey] = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
+            timing = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
+            check_dispatch(name, timing.seconds)
+            self._groups[gkey] = timing
         self._touch(self._groups, gkey, self.capacity)
         return self._groups[gkey]
 
