@@ -8,7 +8,8 @@ import re
 import shutil
 
 from tilepilot.cli import main
-from tilepilot.report import build_report, write_text_umask
+from tilepilot.files import write_text_atomic
+from tilepilot.report import build_report
 
 FIGURE_KEYS = ("phases", "trajectory", "layers", "roofline", "gates", "calibration")
 
@@ -86,10 +87,10 @@ def test_report_file_mode_follows_umask(report, tmp_path):
     path, _ = report
     old = os.umask(0o022)
     try:
-        a = write_text_umask(tmp_path / "a.html", "x")
+        a = write_text_atomic(tmp_path / "a.html", "x")
         assert a.stat().st_mode & 0o777 == 0o644
         os.umask(0o077)
-        b = write_text_umask(tmp_path / "b.html", "y")
+        b = write_text_atomic(tmp_path / "b.html", "y")
         assert b.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 from tilepilot.errors import ConfigError
+from tilepilot.files import write_text_atomic
 
 # Every family module tilepilot knows, in the order plans list them. A family whose module is not in the
 # tree yet is simply absent from FAMILIES (an import error *inside* a present module still raises).
@@ -202,18 +201,7 @@ class Registry:
 
     def save(self, path: str | Path) -> Path:
         """Write the registry as JSON atomically (temp file in the same directory, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path, missing_ok: bool = True) -> Registry:

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import InputError, WorkspaceError
+from tilepilot.files import write_text_atomic
 from tilepilot.npu.design import Design, MultiLaunchGroup, nbytes
 
 KINDS = ("dispatch", "launch", "dma", "sync", "host", "cpu")
@@ -425,17 +425,7 @@ class Trace:
         self, path: str | os.PathLike, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None
     ) -> Path:
         """Write Chrome trace JSON atomically (temp file then rename), so no half-written trace is left."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_chrome_dict(layouts), f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, json.dumps(self.to_chrome_dict(layouts)))
 
     def write_phases(
         self, directory: str | os.PathLike, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None

@@ -8,13 +8,12 @@ spec so that a skill that drops, duplicates or reorders an op is caught before a
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import ConfigError
+from tilepilot.files import write_text_atomic
 from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, block_graph
 from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
@@ -149,17 +148,7 @@ class DeploymentPlan:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically (temp file + rename) so a crash never leaves half a plan."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json() + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> DeploymentPlan:

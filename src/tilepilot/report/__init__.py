@@ -7,10 +7,10 @@ and writes the file.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from tilepilot.files import write_text_atomic
 from tilepilot.report.data import ReportData, gather
 from tilepilot.report.figures import FIGURES
 from tilepilot.report.page import render_page
@@ -25,18 +25,6 @@ def render(data: ReportData) -> str:
     return render_page(data, svgs)
 
 
-def write_text_umask(path: Path, text: str) -> Path:
-    """Write through a temp file and a rename (no half-written page), with the mode the user's umask allows
-    (a plain ``open`` honours it; ``tempfile.mkstemp`` would make the page 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def build_report(
@@ -50,4 +38,4 @@ def build_report(
     """Gather, draw and write the report of ``workspace`` (default ``WORKSPACE/report.html``)."""
     data = gather(workspace, calibration=calibration, prompt_len=prompt_len, cpu=cpu)
     path = Path(out) if out is not None else Path(workspace) / REPORT_FILE
-    return write_text_umask(path, render(data)), data
+    return write_text_atomic(path, render(data)), data

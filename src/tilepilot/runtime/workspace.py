@@ -8,13 +8,12 @@ its journal files beside it; this module stays small and only owns ``deployment.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import ConfigError, WorkspaceError
+from tilepilot.files import write_json_atomic
 from tilepilot.model.spec import ModelSpec, load_spec
 from tilepilot.plan.builtin import builtin_plan
 from tilepilot.plan.plan import DeploymentPlan, check_plan
@@ -63,18 +62,6 @@ class Workspace:
         self.save()
 
 
-def write_json_atomic(path: Path, data: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def is_workspace(path: str | Path) -> bool:

@@ -12,13 +12,13 @@ call, so ``tilepilot report`` reads structured rows instead of parsing Markdown.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tilepilot.files import write_text_atomic
 
 DEPLOYMENT = "deployment.json"
 TODO = "TODO.md"
@@ -55,17 +55,8 @@ _HEADERS = {
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Journal files go through the package's one atomic write (readable under the user's umask)."""
+    write_text_atomic(path, text)
 
 
 def atomic_write_json(path: Path, payload: Any) -> None:

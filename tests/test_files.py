@@ -1,0 +1,44 @@
+"""The one atomic write: whole files or none, with the mode the user's umask allows, for every writer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tilepilot.files import write_json_atomic, write_text_atomic
+from tilepilot.kernels.registry import Registry
+from tilepilot.npu.trace import Trace
+from tilepilot.skills.journal import atomic_write
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_mode_follows_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        assert write_text_atomic(tmp_path / "a" / "b.txt", "x").stat().st_mode & 0o777 == 0o644
+        os.umask(0o077)
+        assert write_text_atomic(tmp_path / "c.txt", "y").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    p = write_json_atomic(tmp_path / "d.json", {"v": 1})
+    with pytest.raises(TypeError):
+        write_json_atomic(p, {"v": object()})  # not serializable: refused before anything is replaced
+    assert p.read_text() == '{\n  "v": 1\n}\n' and sorted(x.name for x in tmp_path.iterdir()) == ["d.json"]
+
+
+def test_journal_registry_and_trace_files_are_readable_by_the_team(tmp_path, umask_022):
+    atomic_write(tmp_path / "progress.md", "# progress\n")
+    Registry().save(tmp_path / "registry.json")
+    Trace().to_chrome(tmp_path / "trace" / "t.json")
+    for name in ("progress.md", "registry.json", "trace/t.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
