@@ -13,6 +13,8 @@ Definitions (the ones the gates and the docs quote):
 - per_position_cosine = cosine per row (last dimension = features, all others = positions)
 - topk_agreement = mean over rows of |topk(ref) & topk(test)| / k
 - kl_divergence  = mean over rows of KL(softmax(ref) || softmax(test)), in nats
+- teacher_forced_kl = KL(softmax(ref) || softmax(test)) per row (one row per teacher-forced step), with its
+  mean, 90th percentile (linear interpolation, numpy's default) and maximum (IRON's Llama-3.2-1B gate)
 """
 
 from __future__ import annotations
@@ -234,6 +236,40 @@ def kl_divergence(ref_logits: Any, test_logits: Any) -> float:
         lq = torch.log_softmax(t[lo : lo + _ROW_CHUNK].double(), dim=-1)
         total += float((lp.exp() * (lp - lq)).sum())
     return max(0.0, total / r.shape[0])
+
+
+def kl_per_row(ref_logits: Any, test_logits: Any) -> torch.Tensor:
+    """KL(p_ref || p_test) of each row's softmax distributions, in nats, FP64; NaN rows where either is non-finite."""
+    r, t = _pair(ref_logits, test_logits)
+    r, t = _rows(r), _rows(t)
+    out = torch.empty(r.shape[0], dtype=torch.float64)
+    for lo in range(0, r.shape[0], _ROW_CHUNK):
+        lp = torch.log_softmax(r[lo : lo + _ROW_CHUNK].double(), dim=-1)
+        lq = torch.log_softmax(t[lo : lo + _ROW_CHUNK].double(), dim=-1)
+        out[lo : lo + _ROW_CHUNK] = (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)
+    bad = ~(torch.isfinite(r).all(-1) & torch.isfinite(t).all(-1))
+    return out.masked_fill(bad, NAN)
+
+
+def teacher_forced_kl(ref_logits: Any, test_logits: Any) -> dict[str, Any]:
+    """IRON's accuracy statistic: per-step KL(fp32 || NPU) of next-token distributions, and its mean/p90/max.
+
+    Row ``i`` of both inputs is the distribution after the same ``i``-token prefix of real text (teacher forcing:
+    both sides are fed the text, not their own choices). Any non-finite value makes every statistic NaN.
+    """
+    kl = kl_per_row(ref_logits, test_logits)
+    if kl.numel() == 0:
+        return {"mean": NAN, "p90": NAN, "max": NAN, "steps": 0, "per_step": []}
+    vals = kl.numpy()
+    if not np.isfinite(vals).all():
+        return {"mean": NAN, "p90": NAN, "max": NAN, "steps": int(kl.numel()), "per_step": vals.tolist()}
+    return {
+        "mean": float(vals.mean()),
+        "p90": float(np.percentile(vals, 90)),
+        "max": float(vals.max()),
+        "steps": int(kl.numel()),
+        "per_step": vals.tolist(),
+    }
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,6 @@ def lm_head_ranges(plan, spec) -> list[tuple[int, int]]:
     for g in plan.prefill.head:
         for c in g.calls:
             if c.op == "lm_head" and g.where == "npu" and c.family == "lm_head":
-
                 fields = {k: v for k, v in c.config.items() if k in lm_head.Config.__dataclass_fields__}
                 shape = lm_head.Shape(spec.vocab, spec.hidden, 1)
                 cfg = lm_head.Config(**fields) if fields else lm_head.default_config(shape)
@@ -260,7 +259,6 @@ def model_gate(
     evidence.update(kev)
     report = model_gate_thresholds().evaluate(m)
     if not report.passed:
-
         evidence["rope_position_cosine"] = rope_probe(plan, ctx.spec)
     return report, evidence
 

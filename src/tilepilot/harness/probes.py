@@ -110,6 +110,7 @@ class Probe:
     tile_checked: bool = False
     error: str | None = None
     report: dict[str, Any] | None = None
+    copies_input: bool = False  # the output is bit-identical to one of the design's inputs (a copy, not a result)
 
     @property
     def ok(self) -> bool:
@@ -137,7 +138,6 @@ def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0) -> 
     for ts in design.inputs:
         dt = torch_dtype(ts.dtype)
         if family == "rope" and ts.name == "cs":
-
             cos, sin = rope_tables(torch.arange(start, start + ts.shape[0]), inv_freq_for(spec))
             half = cos.shape[-1] // 2
             table = torch.cat((cos[:, :half], sin[:, :half]), dim=-1).float()
@@ -191,6 +191,7 @@ def probe(
     ref = _run_reference(mod, ref_ins, shape)
     name = design.outputs[0].name
     o, r = out[name].float(), ref[name].float()
+    p.copies_input = any(v.shape == o.shape and torch.equal(v.float(), o) for v in ins.values())
     p.measurements = M.compare(r, o)
     p.row_cosine = M.per_position_cosine(r.reshape(r.shape[0], -1), o.reshape(o.shape[0], -1)).tolist()
     if call.family == "lm_head" and hasattr(mod, "partition_report"):
@@ -208,7 +209,6 @@ def probe(
     gate = T.phase1_gate(call.family, tile_path=p.tile_checked)
     thresholds = list(gate.thresholds)
     if p.partition_pearson:
-
         thresholds.append(
             Threshold("partitions.min_pearson", ">=", T.min_correlation(call.family), T.SRC_DESIGN + " (per partition)")
         )
@@ -228,6 +228,50 @@ def probe_plan(plan, spec, prompt_len: int, *, seed: int = 0, tile: bool = True)
             seen[key] = probe(spec, call, rows, context, seed=seed, tile=tile)
         out.append(seen[key] if seen[key].call == call else _relabel(seen[key], call))
     return out
+
+
+def validate_plan(plan, spec, prompt_len: int) -> list[dict[str, Any]]:
+    """Every distinct NPU design of the plan at ``prompt_len``, re-built and run through the validator (no
+    execution, so the timing shape of a full model is cheap): ``[{call, shape, codes, error}]`` for each refused."""
+    bad, seen = [], set()
+    for call in plan_calls(plan):
+        rows, context = stage_rows(call.stage, prompt_len)
+        try:
+            shape = call_shape(spec, call, rows, context)
+            key = (call.family, repr(shape), call.config)
+            if key in seen:
+                continue
+            seen.add(key)
+            design = family_module(call.family).make_design(shape, config_for(call.family, shape, call.config_dict))
+            group = isinstance(design, MultiLaunchGroup)
+            codes = sorted({v.code for v in (validate_group(design) if group else validate(design))})
+            error = f"validator: {', '.join(codes)}" if codes else None
+        except Exception as e:
+            codes, error = sorted(set(getattr(e, "codes", []) or [type(e).__name__])), f"{type(e).__name__}: {e}"
+        if codes or error:
+            bad.append({"call": call.label(), "prompt_len": prompt_len, "codes": codes, "error": error})
+    return bad
+
+
+def kernel_audit(plan, spec, prompt_lens: tuple[int, ...], *, seed: int = 0) -> dict[str, Any]:
+    """The evaluator's own kernel checks: every design re-validated at each prompt length, and at the first length
+    each kernel re-run alone on seeded inputs against its FP32 reference (phase 1's gate) and checked not to return
+    a copy of an input. Merged-group bindings stay phase 1's, at the plan's own prompt length (a padded tiling
+    legitimately rebinds at other lengths)."""
+    refused = [r for n in prompt_lens for r in validate_plan(plan, spec, n)]
+    failing, copies = [], []
+    if not refused:
+        for pr in probe_plan(plan, spec, prompt_lens[0], seed=seed, tile=False):
+            if pr.copies_input:
+                copies.append(pr.call.label())
+            if not pr.ok:
+                failing.append(f"{pr.call.label()}: {pr.error or '; '.join((pr.report or {}).get('failures', []))}")
+    return {
+        "refused": refused,
+        "kernel_gate_failures": sorted(set(failing)),
+        "copies_input": sorted(set(copies)),
+        "prompt_lens": list(prompt_lens),
+    }
 
 
 def _relabel(p: Probe, call: CallRef) -> Probe:

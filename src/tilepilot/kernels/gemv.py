@@ -83,6 +83,9 @@ class Config:
     tile_k: int = 1024
     variant: str = "vector"
     depth: int = 2
+    # "bf16": partial sums accumulate in the bf16 output block (rounded after every K chunk), the cheaper kernel
+    # that loses accuracy with K; the default fp32 scratch accumulator rounds once.
+    acc: str = "fp32"
 
 
 def _err(message: str) -> DesignError:
@@ -92,7 +95,8 @@ def _err(message: str) -> DesignError:
 def l1_bytes(shape: Shape, config: Config) -> int:
     """Compute-tile memory one worker needs: W chunk x depth, x chunk and y block double-buffered, fp32 acc, stack."""
     tm, tk, m = config.tile_m, config.tile_k, shape.m
-    return 2 * (config.depth * tm * tk + 2 * m * tk + 2 * m * tm) + 4 * m * tm + CORE_STACK_BYTES
+    acc = 4 * m * tm if config.acc == "fp32" else 0
+    return 2 * (config.depth * tm * tk + 2 * m * tk + 2 * m * tm) + acc + CORE_STACK_BYTES
 
 
 def rows_per_worker(shape: Shape, config: Config) -> int:
@@ -102,6 +106,8 @@ def rows_per_worker(shape: Shape, config: Config) -> int:
 def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.variant not in VARIANTS:
         raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if config.acc not in nx.ACCUMULATORS:
+        raise _err(f"accumulator {config.acc!r} is unknown; use one of {nx.ACCUMULATORS}")
     if min(shape.n, shape.k, shape.m) < 1:
         raise _err(f"shape {shape} has an empty dimension")
     if shape.m > MAX_TOKENS:
@@ -125,7 +131,8 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
 def _numerics(config: Config) -> nx.Numerics:
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
     points = ("operands:bfp16",) if operands == "bfp16" else ()
-    return nx.Numerics(operands, "fp32", config.tile_k, "bf16", points + ("accumulate:fp32", "output:bf16"))
+    points += ("partial_sum:bf16",) if config.acc == "bf16" else ("accumulate:fp32",)
+    return nx.Numerics(operands, config.acc, config.tile_k, "bf16", points + ("output:bf16",))
 
 
 def _kernel(shape: Shape, config: Config) -> TileKernel:
@@ -134,19 +141,26 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     def matvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         w, x = ins
         (y,) = outs
+        partial = nx.chunk_partial(x, w, operands)
+        if config.acc == "bf16":
+            if ctx.first:
+                y.zero_()
+            y.copy_(nx.accumulate(y, partial, "bf16"))
+            return
         if ctx.first:
             ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
-        ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, operands), "fp32")
+        ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], partial, "fp32")
         if ctx.last:
             y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
 
     tm, tk, m = config.tile_m, config.tile_k, shape.m
+    suffix = "_bf16acc" if config.acc == "bf16" else ""
     return TileKernel(
-        name=f"matvec_{config.variant}_{tm}x{tk}",
+        name=f"matvec_{config.variant}_{tm}x{tk}{suffix}",
         fn=matvec_tile,
         variant=config.variant,
         macs_per_call=m * tm * tk,
-        bytes_per_call=2 * (tm * tk + m * tk) + 4 * m * tm,
+        bytes_per_call=2 * (tm * tk + m * tk) + (4 * m * tm if config.acc == "fp32" else 0),
         params={"tile_m": tm, "tile_k": tk, "m": m},
     )
 
@@ -265,7 +279,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
                     outputs=(y_names[r],),
                     iterations=iters,
                     placement=Tile(c, FIRST_COMPUTE_ROW + r),
-                    local_bytes=4 * m * tm,
+                    local_bytes=4 * m * tm if config.acc == "fp32" else 0,
                     acquires={w_names[r]: ksteps, "x": ksteps, y_names[r]: 1},
                     calls_per_iteration=ksteps,
                 )
@@ -318,7 +332,7 @@ def _fast(config: Config):
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        y = nx.matmul(inputs["x"], inputs["w"], acc="fp32", k_chunk=config.tile_k, operands=operands, exact=exact)
+        y = nx.matmul(inputs["x"], inputs["w"], acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
         return {"y": y}
 
     return fast

@@ -56,9 +56,10 @@ class Config:
     tile_k: int = 512
     variant: str = "vector"
     depth: int = 2
+    acc: str = "fp32"  # the partitions' GEMV accumulator (gemv.Config.acc); "bf16" rounds after every K chunk
 
     def gemv_config(self) -> gemv.Config:
-        return gemv.Config(self.cols, self.rows, self.tile_m, self.tile_k, self.variant, self.depth)
+        return gemv.Config(self.cols, self.rows, self.tile_m, self.tile_k, self.variant, self.depth, self.acc)
 
 
 def _err(message: str) -> DesignError:
