@@ -161,7 +161,7 @@ def test_sabotage_performance_claims_inflated(ws):
     g["evidence"]["claims"]["decode_ms_per_token"] *= 0.5
     path.write_text(json.dumps(g))
     ev = evaluate(ws, seed=SEED)
-    assert ev.verdict == "FAIL" and "performance claims inflated" in _reasons(ev)
+    assert ev.verdict == "FAIL" and "performance claims do not reproduce" in _reasons(ev)
 
 
 def test_weights_changed_after_deployment_fail(ws, deployment, tmp_path):
@@ -190,14 +190,3 @@ def test_oracle_call_audit_sees_aliased_calls():
     with OracleCallAudit() as audit:
         alias(torch.ones(2, 4), torch.ones(4), 1e-6)
     assert audit.calls["ops.rmsnorm"] == 1
-
-
-def test_claims_from_another_calibration_are_reported_not_trusted(ws):
-    path, g = _gate(ws, "decode-optimization")
-    g["evidence"]["claims"]["calibration_key"] = "000000000000"
-    g["evidence"]["claims"]["ttft_s"] *= 0.5  # cannot be checked against a model with other constants
-    path.write_text(json.dumps(g))
-    ev = evaluate(ws, seed=SEED)
-    perf = next(c for c in ev.checks if c.name == "performance-claims")
-    assert perf.status == "warn" and "modeled under calibration 000000000000" in perf.detail
-    assert ev.verdict == "PASS-with-warnings"

@@ -255,13 +255,14 @@ def validate_plan(plan, spec, prompt_len: int) -> list[dict[str, Any]]:
 
 def kernel_audit(plan, spec, prompt_lens: tuple[int, ...], *, seed: int = 0) -> dict[str, Any]:
     """The evaluator's own kernel checks: every design re-validated at each prompt length, and at the first length
-    each kernel re-run alone on seeded inputs against its FP32 reference (phase 1's gate) and checked not to return
-    a copy of an input. Merged-group bindings stay phase 1's, at the plan's own prompt length (a padded tiling
-    legitimately rebinds at other lengths)."""
+    each kernel re-run alone on seeded inputs against its FP32 reference and, where small, its tile path (phase 1's
+    gate: a production fast path that is not the design it claims differs from the tile path), and checked not to
+    return a copy of an input. Merged-group bindings stay phase 1's, at the plan's own prompt length (a padded
+    tiling legitimately rebinds at other lengths)."""
     refused = [r for n in prompt_lens for r in validate_plan(plan, spec, n)]
     failing, copies = [], []
     if not refused:
-        for pr in probe_plan(plan, spec, prompt_lens[0], seed=seed, tile=False):
+        for pr in probe_plan(plan, spec, prompt_lens[0], seed=seed, tile=True):
             if pr.copies_input:
                 copies.append(pr.call.label())
             if not pr.ok:
