@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import skills_ref
 
 from tilepilot.cli import main
 from tilepilot.skills import registry
@@ -23,7 +24,18 @@ def test_registry_names_unique_and_complete():
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in REPO_SKILLS.iterdir() if p.is_dir()))
 def test_repo_skill_folder_is_valid(folder):
+    """The Agent Skills reference validator (skills-ref, `agentskills validate`) judges the spec; our own check adds
+    only the house sections (when to use, commands)."""
+    assert skills_ref.validate(REPO_SKILLS / folder) == []
     assert validate_folder(REPO_SKILLS / folder) == []
+
+
+def test_reference_validator_refuses_what_the_spec_forbids(tmp_path):
+    bad = tmp_path / "merge-launches"
+    bad.mkdir()
+    (bad / SKILL_FILE).write_text("---\nname: Merge_Launches\ndescription: merges.\n---\n# x\n")
+    problems = " ".join(skills_ref.validate(bad)).lower()
+    assert "lowercase" in problems and "directory name" in problems
 
 
 def test_repo_skills_folder_matches_the_code():
@@ -55,7 +67,7 @@ def test_cli_export_and_list(tmp_path, capsys):
     assert main(["skills", "export", str(tmp_path / "out")]) == 0
     folders = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert folders == sorted(s.name for s in registry.all_skills())
-    assert all(validate_folder(tmp_path / "out" / f) == [] for f in folders)
+    assert all(skills_ref.validate(tmp_path / "out" / f) == [] for f in folders)
     capsys.readouterr()
     assert main(["skills", "list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
