@@ -70,3 +70,14 @@ def test_bench_a_model_dir_with_a_builtin_plan(model_dir, capsys):
     assert "iron-like" in out and "modeled" in out and "measured" in out
     assert main(["bench", str(model_dir), "--plan", "deployed"]) == 2
     assert "not a workspace" in capsys.readouterr().err
+
+
+def test_bench_states_same_model_speedups_and_no_silicon_claim_for_a_reduced_model(workspace, capsys):
+    """Issue 11 item 8: the deployed plan against the same model's paper-like and iron-like plans, same run."""
+    rc = main(["bench", str(workspace), "--prompt-len", "256", "--decode-tokens", "1", "--json"])
+    assert rc == 0
+    c = json.loads(capsys.readouterr().out)["claims"]
+    # the workspace deploys the paper-like plan: 1.0x over itself, exactly (deterministic modeled time)
+    assert c["speedup_over_paper_like"] == {"ttft": 1.0, "decode": 1.0}
+    assert c["speedup_over_iron_like"]["ttft"] > 1 and c["speedup_over_iron_like"]["decode"] > 1
+    assert c["model_error_vs_silicon"] is None  # 2 layers at 256 tokens: nothing published to compare with

@@ -94,7 +94,31 @@ def bench(
     plan, spec, model_dir, options = _resolve(Path(path), plan_name)
     if prompt_len + 1 > spec.max_positions:
         raise InputError(f"prompt has {prompt_len} tokens but the model's context is {spec.max_positions}; shorten it")
-    modeled = time_plan(plan, spec, prompt_len=prompt_len, cpu="measured")
+    from tilepilot.commands.deploy import _published
+    from tilepilot.model.zoo import get_zoo_model
+    from tilepilot.plan.builtin import builtin_plan
+    from tilepilot.runtime.dispatcher import KernelLibrary
+    from tilepilot.runtime.timing import same_model_claims
+
+    library = KernelLibrary()
+    modeled = time_plan(plan, spec, prompt_len=prompt_len, cpu="measured", library=library)
+    # same-model comparison: the same model's paper-like and iron-like plans, timed by the same model in this run
+    baselines = {
+        name: time_plan(builtin_plan(name, spec), spec, prompt_len=prompt_len, library=library)
+        for name in ("paper-like", "iron-like")
+    }
+    try:
+        full = spec.n_layers == get_zoo_model(spec.name).spec().n_layers
+    except Exception:  # noqa: BLE001 - not a zoo model: no published figure
+        full = False
+    fig = {n: {"ttft_s": t.ttft_s, "decode_tok_s": t.decode_tok_s} for n, t in baselines.items()}
+    claims = same_model_claims(
+        {"ttft_s": modeled.ttft_s, "decode_tok_s": modeled.decode_tok_s},
+        fig["paper-like"],
+        fig["iron-like"],
+        _published(spec.name, prompt_len, full),
+    )
+    claims["baselines_modeled"] = fig
     run_len = min(prompt_len, run_prompt_len or 32)
     try:
         from tilepilot.model.tokenizer import Tokenizer
@@ -128,6 +152,7 @@ def bench(
                 st: sum(g.cpu_measured_s or 0.0 for g in modeled.stage_groups(st)) * 1e3 for st in ("prefill", "decode")
             },
         },
+        "claims": claims,
         "functional_run": {
             "clock": "measured host wall clock on this machine",
             "prompt_tokens_executed": run_len,
@@ -185,6 +210,19 @@ def _print(res: dict[str, Any]) -> None:
         "measured (host)",
     )
     con.print(top)
+    c = res["claims"]
+    for label, key in (("paper-like", "speedup_over_paper_like"), ("iron-like", "speedup_over_iron_like")):
+        con.print(
+            f"speed-up over this model's {label} plan (same model, same run, modeled): TTFT {c[key]['ttft']:.3f}x, "
+            f"decode {c[key]['decode']:.3f}x"
+        )
+    if c["model_error_vs_silicon"]:
+        e = c["model_error_vs_silicon"]
+        con.print(
+            "timing model vs the paper's silicon (modeled paper-like / published; an error, not a speed-up): "
+            f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
+                f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
+        )
     groups = Table(title="per-group breakdown (modeled; block groups per layer, ms)")
     for col in ("stage", "group", "where", "calls", "per call", "dispatch", "syncs", "cpu", "cpu (measured)"):
         groups.add_column(col, justify="right" if col not in ("stage", "group", "where") else "left")

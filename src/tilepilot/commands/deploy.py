@@ -60,9 +60,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _fmt_perf(perf: dict) -> list[str]:
+def _fmt_perf(perf: dict, published: dict | None = None) -> list[str]:
+    from tilepilot.runtime.timing import same_model_claims
+
     lines = []
-    for label in ("before", "after", "paper_like"):
+    for label in ("before", "after", "paper_like", "iron_like"):
         f = perf.get(label)
         if not f:
             continue
@@ -72,7 +74,46 @@ def _fmt_perf(perf: dict) -> list[str]:
             f"{f['decode_ms_per_token']:.2f} ms/token = {f['decode_tok_s']:.2f} tok/s, dispatches/layer "
             f"{d['prefill']} prefill / {d['decode']} decode (modeled)"
         )
+    if perf.get("after"):
+        c = same_model_claims(perf["after"], perf.get("paper_like"), perf.get("iron_like"), published)
+        for label, key in (("paper-like", "speedup_over_paper_like"), ("iron-like", "speedup_over_iron_like")):
+            if c[key]:
+                lines.append(
+                    f"speed-up over this model's {label} plan (same model, same run): TTFT {c[key]['ttft']:.3f}x, "
+                    f"decode {c[key]['decode']:.3f}x"
+                )
+        e = c["model_error_vs_silicon"]
+        if e:
+            lines.append(
+                f"timing model vs the paper's silicon (modeled paper-like / published, an error, not a speed-up): "
+                f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
+                f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
+            )
     return lines
+
+
+def _published_for(summary) -> dict | None:
+    """Published silicon figures for a full-size deployment of a model the paper deployed (else None)."""
+    try:
+        from tilepilot.model.zoo import get_zoo_model
+        from tilepilot.runtime.workspace import load_workspace
+
+        spec = load_workspace(summary.workspace).spec
+        full = spec.n_layers == get_zoo_model(summary.model).spec().n_layers
+    except Exception:  # noqa: BLE001 - not a zoo model, or no workspace: no published figure to compare with
+        return None
+    return _published(summary.model, (summary.performance or {}).get("prompt_len"), full)
+
+
+def _published(model: str, prompt_len: int | None, full_size: bool) -> dict | None:
+    """The paper's measured figures for this model (full size, 2048 tokens only), or None."""
+    import json as _json
+    from importlib import resources
+
+    if prompt_len != 2048 or not full_size:
+        return None
+    pub = _json.loads(resources.files("tilepilot.data").joinpath("published.json").read_text())
+    return pub.get("paper_autonomous_deployments_2048", {}).get(str(model).lower())
 
 
 def _model_dir(args, console) -> Path:
@@ -128,13 +169,20 @@ def run(args) -> int:
     summary = deploy(_model_dir(args, err), args.out, resume=args.resume, settings=settings, on_event=on_event)
     for st in statuses.values():
         st.stop()
+    published = _published_for(summary)
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        from tilepilot.runtime.timing import same_model_claims
+
+        d = summary.to_dict()
+        perf = summary.performance or {}
+        if perf.get("after"):
+            d["claims"] = same_model_claims(perf["after"], perf.get("paper_like"), perf.get("iron_like"), published)
+        print(json.dumps(d, indent=2))
     else:
         out = Console()
         color = "green" if summary.ok else "red"
         out.print(f"[bold {color}]{summary.verdict}[/] {summary.model} -> {summary.workspace}")
-        for line in _fmt_perf(summary.performance):
+        for line in _fmt_perf(summary.performance, published):
             out.print(line)
         if summary.review:
             out.print(summary.review)

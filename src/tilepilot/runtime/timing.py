@@ -221,3 +221,47 @@ def time_plan(
         groups=_groups(plan, "prefill", prefill_events) + _groups(plan, "decode", decode_events),
         cpu_clock="modeled",
     )
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if not num or not den else float(num) / float(den)
+
+
+def same_model_claims(
+    deployed: dict[str, Any],
+    paper_like: dict[str, Any] | None,
+    iron_like: dict[str, Any] | None = None,
+    published: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The only two kinds of claim tilepilot makes about speed (DESIGN.md section 1, issue 11 item 8).
+
+    ``speedup_over_*``: the deployed plan against the same model's paper-like / iron-like plan, all timed by the
+    same model in the same run (> 1 = the deployed plan is faster). ``model_error_vs_silicon``: the modeled
+    paper-like plan over the paper's published silicon figure for that model (TTFT ratio; decode tok/s ratio),
+    which measures the timing model's error and says nothing about the deployed plan. Each figure dict needs
+    ``ttft_s`` and ``decode_tok_s`` (``perf_figures`` / ``PlanTiming``); ``published`` needs the same keys.
+    """
+
+    def speedup(base: dict[str, Any] | None) -> dict[str, float | None] | None:
+        if not base:
+            return None
+        return {
+            "ttft": _ratio(base.get("ttft_s"), deployed.get("ttft_s")),
+            "decode": _ratio(deployed.get("decode_tok_s"), base.get("decode_tok_s")),
+        }
+
+    error = None
+    if paper_like and published:
+        error = {
+            "ttft_modeled_over_published": _ratio(paper_like.get("ttft_s"), published.get("ttft_s")),
+            "decode_tok_s_modeled_over_published": _ratio(
+                paper_like.get("decode_tok_s"), published.get("decode_tok_s")
+            ),
+        }
+    return {
+        "speedup_over_paper_like": speedup(paper_like),
+        "speedup_over_iron_like": speedup(iron_like),
+        "model_error_vs_silicon": error,
+        "note": "speed-ups: two plans of one model timed by the same model in one run; model error: modeled "
+        "paper-like plan / the paper's measured silicon figure",
+    }

@@ -23,7 +23,7 @@ from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.spec import load_spec
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.oracle.model import Oracle
-from tilepilot.plan.builtin import default_plan, paper_like_plan
+from tilepilot.plan.builtin import default_plan, iron_like_plan, paper_like_plan
 from tilepilot.runtime import workspace as ws_mod
 from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
@@ -348,6 +348,7 @@ class DeployContext:
             ("before", default_plan(spec)),
             ("after", self.plan),
             ("paper_like", paper_like_plan(spec)),
+            ("iron_like", iron_like_plan(spec)),  # same-model speed-ups are against both (issue 11 item 8)
         ):
             out[label] = perf_figures(plan, self.timing(plan))
         return out
