@@ -147,3 +147,30 @@ def test_calibrate_command_json_and_exit_code(capsys, monkeypatch):
     assert main(["calibrate", "--rows"]) == 1
     human = capsys.readouterr().out
     assert "modeled" in human and "FAIL" in human
+
+
+def test_predict_times_any_file_of_the_reference_format_with_frozen_constants(tmp_path):
+    """Issue 11 item 5: `calibrate --predict FILE --json`: per row modeled/measured/ratio or the reason, per family
+    the same summary keys as `calibrate --json`'s kernels section, and the rows not expressible."""
+    import json as _json
+
+    from tilepilot.calibrate.harness import load_reference
+    from tilepilot.cli import main
+
+    data = load_reference("npu2_kernel_measurements")
+    path = tmp_path / "rows.json"
+    path.write_text(_json.dumps({"eltwise_add": data["eltwise_add"], "rmsnorm": data["rmsnorm"]}))
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["calibrate", "--predict", str(path), "--json"]) == 0
+    rep = _json.loads(buf.getvalue())
+    assert set(rep["kernels"]) == {"eltwise_add", "rmsnorm"}
+    for fam in rep["kernels"].values():
+        assert {"rows", "modeled_rows", "median_abs_err", "worst_ratio"} <= set(fam)
+    assert len(rep["rows"]) == len(data["eltwise_add"]) + len(data["rmsnorm"])
+    for r in rep["rows"]:
+        assert (r["ratio"] is not None) == r["expressible"] and (r["expressible"] or r["reason"])
+    assert isinstance(rep["not_expressible"], list)

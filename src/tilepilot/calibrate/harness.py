@@ -491,10 +491,13 @@ def _attention_rows(rows: list[dict], device: Device) -> list[KernelRow]:
     return out
 
 
-def kernel_rows(device: Device | None = None, tables: Sequence[str] | None = None) -> dict[str, list[KernelRow]]:
-    """Every comparable measurement row, grouped by measurement table, designs built lazily."""
+def kernel_rows(
+    device: Device | None = None, tables: Sequence[str] | None = None, data: dict[str, Any] | None = None
+) -> dict[str, list[KernelRow]]:
+    """Every comparable measurement row, grouped by measurement table, designs built lazily. ``data``: a file in the
+    reference format (default the packaged ``npu2_kernel_measurements.json``); tables it lacks are skipped."""
     device = device or npu2()
-    data = load_reference("npu2_kernel_measurements")
+    data = load_reference("npu2_kernel_measurements") if data is None else data
     builders = {
         "gemm": lambda rows: _gemm_rows(rows, device),
         "gemv": lambda rows: _gemv_rows(rows, device),
@@ -504,7 +507,7 @@ def kernel_rows(device: Device | None = None, tables: Sequence[str] | None = Non
         "eltwise_add": lambda rows: _flat_rows("eltwise_add", "eltwise", rows, device),
         "flash_attention": lambda rows: _attention_rows(rows, device),
     }
-    wanted = [t for t, _ in KERNEL_TABLES if tables is None or t in tables]
+    wanted = [t for t, _ in KERNEL_TABLES if (tables is None or t in tables) and t in data]
     return {t: builders[t](data[t]) for t in wanted}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from tilepilot.calibrate import harness as ca
@@ -42,11 +43,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="CPU groups of the plans are always modeled (bytes and FLOPs at the host constants); 'measured' also "
         "measures their wall clock on this host, reported beside ('estimated' is an older name of 'modeled')",
     )
+    p.add_argument(
+        "--predict",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="time every row of a measurements file (reference format) with the frozen constants, no fit",
+    )
     p.add_argument("--fit", action="store_true", help="re-run the fit of the fitted constants and print the result")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.predict is not None:
+        from tilepilot.calibrate.predict import predict, render
+
+        rep = predict(args.predict)
+        print(json.dumps(rep, indent=2) if args.json else render(rep))
+        return 0
     if args.fit:
         return _fit(args)
     progress = None if args.json else _status()
