@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from tilepilot.errors import ConfigError
+from tilepilot.model.weights import LAYER_TENSOR_NAMES
 
 FORMATS = ("bf16", "q4_0", "q4_1", "q8_0")
 QUANT_FORMATS = ("q4_0", "q4_1", "q8_0")
@@ -291,7 +292,6 @@ class QuantizedWeights:
     def packed(self, i: int, field_name: str) -> QuantTensor:
         key = (i, field_name)
         if key not in self._packed:
-            from tilepilot.model.weights import LAYER_TENSOR_NAMES
 
             hf = f"model.layers.{i}.{LAYER_TENSOR_NAMES[field_name]}"
             qt = self.stored.get(hf)

@@ -247,7 +247,6 @@ def check_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> None:
 def with_weights(plan: DeploymentPlan, fmt: WeightFormat) -> DeploymentPlan:
     """``plan`` deploying ``fmt``: decode projections the format packs run the quantized GEMV (``qgemv``) over the
     packed blocks; prefill keeps bf16 GEMMs over the dequantized weights (as AIR's Q4NX prefill does)."""
-    from tilepilot.model.graph import block_graph
 
     out = DeploymentPlan.from_dict(plan.to_dict())
     out.weights = asdict(fmt) | {"bf16_tensors": list(fmt.bf16_tensors)}
