@@ -16,7 +16,6 @@ do it, so callers never pad by hand.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -24,25 +23,12 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError
-from tilepilot.kernels.registry import family
+from tilepilot.kernels.registry import family as family_module
 from tilepilot.model.graph import OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.design import torch_dtype
 
 Args = dict[str, Any]
-
-
-def family_module(name: str):
-    """The kernel family module ``tilepilot.kernels.<name>`` (through the registry when it knows it)."""
-    try:
-
-        return family(name)
-    except (ImportError, KeyError, AttributeError):
-        pass
-    try:
-        return importlib.import_module(f"tilepilot.kernels.{name}")
-    except ModuleNotFoundError:
-        raise ConfigError(f"kernel family {name!r} is not available; use a family tilepilot ships") from None
 
 
 def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
@@ -57,7 +43,10 @@ def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
 
 
 @dataclass(frozen=True)
-class Binding:
+class OpBinding:
+    """How one block-graph op becomes a kernel launch: its shape for a stage, and how to run its design on the op's
+    arguments (the tensor-to-tensor wiring between launches of a group is ``npu.design.Binding``)."""
+
     shape: Callable[[OpNode, ModelSpec, int, int, dict[str, Any]], Any]
     run: Callable[[Any, Args, ModelSpec], torch.Tensor]
 
@@ -197,30 +186,30 @@ def _attention_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return design.fast({"q": q, "kv": kv})["o"][:rows]
 
 
-BINDINGS: dict[tuple[str, str], Binding] = {
-    ("attention", "attention"): Binding(_attention_shape, _attention_run),
-    ("rmsnorm", "rmsnorm"): Binding(_rmsnorm_shape, _norm_run),
-    ("head_norm", "rmsnorm"): Binding(_head_norm_shape, _norm_run),
-    ("rope", "rope"): Binding(_rope_shape, _rope_run),
-    ("swiglu", "swiglu"): Binding(_swiglu_shape, _swiglu_run),
-    ("bias", "bias"): Binding(_bias_shape, _bias_run),
-    ("linear", "gemm"): Binding(_gemm_shape, _gemm_run),
-    ("linear", "gemv"): Binding(_gemv_shape, _gemv_run),
-    ("linear", "qgemv"): Binding(_qgemv_shape, _qgemv_run),
-    ("add", "eltwise"): Binding(_add_shape, _add_run),
-    ("lm_head", "lm_head"): Binding(_head_shape, _head_run),
-    ("lm_head", "gemv"): Binding(
+BINDINGS: dict[tuple[str, str], OpBinding] = {
+    ("attention", "attention"): OpBinding(_attention_shape, _attention_run),
+    ("rmsnorm", "rmsnorm"): OpBinding(_rmsnorm_shape, _norm_run),
+    ("head_norm", "rmsnorm"): OpBinding(_head_norm_shape, _norm_run),
+    ("rope", "rope"): OpBinding(_rope_shape, _rope_run),
+    ("swiglu", "swiglu"): OpBinding(_swiglu_shape, _swiglu_run),
+    ("bias", "bias"): OpBinding(_bias_shape, _bias_run),
+    ("linear", "gemm"): OpBinding(_gemm_shape, _gemm_run),
+    ("linear", "gemv"): OpBinding(_gemv_shape, _gemv_run),
+    ("linear", "qgemv"): OpBinding(_qgemv_shape, _qgemv_run),
+    ("add", "eltwise"): OpBinding(_add_shape, _add_run),
+    ("lm_head", "lm_head"): OpBinding(_head_shape, _head_run),
+    ("lm_head", "gemv"): OpBinding(
         lambda n, s, r, c, cfg: family_module("gemv").Shape(n=s.vocab, k=s.hidden, m=r),
         lambda d, a, s: _gemv_run(d, {**a, "_w": ("lm_head",)}, s),
     ),
-    ("lm_head", "gemm"): Binding(
+    ("lm_head", "gemm"): OpBinding(
         lambda n, s, r, c, cfg: family_module("gemm").Shape(m=r, n=s.vocab, k=s.hidden),
         lambda d, a, s: _gemm_run(d, {**a, "_w": ("lm_head",)}, s),
     ),
 }
 
 
-def binding(node: OpNode, family: str) -> Binding:
+def binding(node: OpNode, family: str) -> OpBinding:
     try:
         return BINDINGS[(node.kind, family)]
     except KeyError:

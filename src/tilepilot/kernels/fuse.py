@@ -23,7 +23,6 @@ bit-identical to its launches run one by one (tested); only the modeled time cha
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError, InputError
+from tilepilot.kernels.registry import family as family_module
 from tilepilot.model.graph import KV_STATE, block_graph, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.weights import LayerWeights
@@ -39,7 +39,6 @@ from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.execute import check_inputs
 from tilepilot.npu.validate import DesignError, Violation, check_group
 
-FAMILY_NAMES = ("gemm", "gemv", "eltwise", "lm_head", "rmsnorm", "rope", "attention", "swiglu", "bias")
 LINEAR_FAMILY = {"prefill": "gemm", "decode": "gemv"}
 # DDR tensor names per family: (activation inputs in graph order, weight input or None, output).
 TENSORS: dict[str, tuple[tuple[str, ...], str | None, str]] = {
@@ -52,13 +51,6 @@ TENSORS: dict[str, tuple[tuple[str, ...], str | None, str]] = {
     "swiglu": (("gate", "up"), None, "y"),
     "attention": (("q", "kv"), None, "o"),
 }
-
-
-def family_module(name: str):
-    """The kernel family module ``tilepilot.kernels.<name>``."""
-    if name not in FAMILY_NAMES:
-        raise ConfigError(f"Unknown kernel family {name!r}; use one of {', '.join(FAMILY_NAMES)}.")
-    return importlib.import_module(f"tilepilot.kernels.{name}")
 
 
 @dataclass(frozen=True)
