@@ -32,10 +32,15 @@ from importlib import resources
 from typing import Any
 
 from tilepilot.errors import ConfigError, TilepilotError
+from tilepilot.kernels.registry import FAMILIES
+from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.calibration import CALIBRATION, FITTED, Calibration
 from tilepilot.npu.design import Design, MultiLaunchGroup
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.timing import time_group
+from tilepilot.npu.validate import DesignError, validate, validate_group
+from tilepilot.plan.builtin import iron_like_plan, paper_like_plan
+from tilepilot.runtime.timing import time_plan
 
 # --- tolerances (issue 4 "Calibration": median <= 20 % per family, no row off by more than 2x, end to end +-20 %)
 KERNEL_MEDIAN_ABS_ERR = 0.20
@@ -247,13 +252,11 @@ class KernelRow:
 
 
 def _family(name: str):
-    from tilepilot.kernels.registry import FAMILIES
 
     return FAMILIES.get(name)
 
 
 def _legal(obj: Design | MultiLaunchGroup) -> bool:
-    from tilepilot.npu.validate import validate, validate_group
 
     return not (validate_group(obj) if isinstance(obj, MultiLaunchGroup) else validate(obj))
 
@@ -269,7 +272,6 @@ def closest_legal(
     """``wanted`` if its design is legal here; else the first legal config of ``first`` (hand-picked near
     equivalents); else the legal candidate nearest to it (log2 distance over numeric fields, ``keep`` fields
     equal). Returns (config, note naming what changed)."""
-    from tilepilot.npu.validate import DesignError
 
     def legal(cfg: Any) -> bool:
         try:
@@ -555,15 +557,6 @@ def end_to_end_figures(cal: Calibration = CALIBRATION, cpu: str = "estimated") -
         for g, ms in paper["decode_ms_per_layer"].items()
     ]
     expected.append(("paper/decode/lm_head", "paper-like decode LM head", paper["decode_lm_head_ms"] * 1e-3))
-    try:
-        from tilepilot.model.zoo import get_zoo_model
-        from tilepilot.plan.builtin import iron_like_plan, paper_like_plan
-        from tilepilot.runtime.timing import time_plan
-    except ImportError as e:
-        return [
-            Figure(k, "end_to_end", label, p, None, f"not modeled yet: {e}", i < n_checked)
-            for i, (k, label, p) in enumerate(expected)
-        ]
     spec = get_zoo_model(E2E_MODEL).spec()
     iron_t = time_plan(iron_like_plan(spec), spec, E2E_PROMPT, cal=cal, cpu=cpu)
     paper_t = time_plan(paper_like_plan(spec), spec, E2E_PROMPT, cal=cal, cpu=cpu)
@@ -599,7 +592,6 @@ def end_to_end_figures(cal: Calibration = CALIBRATION, cpu: str = "estimated") -
 # ----------------------------------------------------------------------------------------------------------------------
 def limit_checks(device: Device | None = None) -> list[Limit]:
     """The published hardware limits, each built as our design and run through the validator."""
-    from tilepilot.npu.validate import DesignError, validate
 
     device = device or npu2()
     out: list[Limit] = []

@@ -23,7 +23,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tilepilot.commands.deploy import _published
 from tilepilot.errors import InputError, WorkspaceError
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.spec import load_spec
+from tilepilot.model.tokenizer import Tokenizer
+from tilepilot.model.zoo import get_zoo_model
+from tilepilot.npu.trace import Trace, library_layouts
+from tilepilot.plan.builtin import builtin_plan
+from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.timing import same_model_claims, time_plan
+from tilepilot.runtime.workspace import is_workspace, load_workspace
 
 PLANS = ("deployed", "default", "iron-like", "paper-like")
 
@@ -49,9 +60,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _resolve(path: Path, plan_name: str | None):
     """(plan, spec, model_dir, runner options) from a workspace or a model directory."""
-    from tilepilot.model.spec import load_spec
-    from tilepilot.plan.builtin import builtin_plan
-    from tilepilot.runtime.workspace import is_workspace, load_workspace
 
     if is_workspace(path):
         ws = load_workspace(path)
@@ -84,21 +92,12 @@ def bench(
     run_prompt_len: int | None = None,
     trace_path: Path | None = None,
 ) -> dict[str, Any]:
-    from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.npu.trace import Trace, library_layouts
-    from tilepilot.runtime.runner import NpuRunner
-    from tilepilot.runtime.timing import time_plan
 
     if prompt_len < 1 or decode_tokens < 0:
         raise InputError("--prompt-len must be >= 1 and --decode-tokens >= 0")
     plan, spec, model_dir, options = _resolve(Path(path), plan_name)
     if prompt_len + 1 > spec.max_positions:
         raise InputError(f"prompt has {prompt_len} tokens but the model's context is {spec.max_positions}; shorten it")
-    from tilepilot.commands.deploy import _published
-    from tilepilot.model.zoo import get_zoo_model
-    from tilepilot.plan.builtin import builtin_plan
-    from tilepilot.runtime.dispatcher import KernelLibrary
-    from tilepilot.runtime.timing import same_model_claims
 
     library = KernelLibrary()
     modeled = time_plan(plan, spec, prompt_len=prompt_len, cpu="measured", library=library)
@@ -121,7 +120,6 @@ def bench(
     claims["baselines_modeled"] = fig
     run_len = min(prompt_len, run_prompt_len or 32)
     try:
-        from tilepilot.model.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_dir(model_dir)
     except Exception:  # noqa: BLE001 - a model without a usable tokenizer still benches on plain ids

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.calibrate import harness as ca
+from tilepilot.calibrate.predict import predict, render
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -56,7 +57,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     if args.predict is not None:
-        from tilepilot.calibrate.predict import predict, render
 
         rep = predict(args.predict)
         print(json.dumps(rep, indent=2) if args.json else render(rep))

@@ -12,6 +12,15 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from tilepilot.commands.import_gguf import progress_bar
+from tilepilot.errors import InputError
+from tilepilot.model.gguf import is_gguf_input, resolve_model_path
+from tilepilot.model.zoo import get_zoo_model
+from tilepilot.runtime.timing import same_model_claims
+from tilepilot.runtime.workspace import load_workspace
+from tilepilot.skills.context import Settings
+from tilepilot.skills.orchestrator import deploy
+
 KNOWLEDGE_ENV = "TILEPILOT_KNOWLEDGE"
 
 
@@ -61,7 +70,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _fmt_perf(perf: dict, published: dict | None = None) -> list[str]:
-    from tilepilot.runtime.timing import same_model_claims
 
     lines = []
     for label in ("before", "after", "paper_like", "iron_like"):
@@ -95,8 +103,6 @@ def _fmt_perf(perf: dict, published: dict | None = None) -> list[str]:
 def _published_for(summary) -> dict | None:
     """Published silicon figures for a full-size deployment of a model the paper deployed (else None)."""
     try:
-        from tilepilot.model.zoo import get_zoo_model
-        from tilepilot.runtime.workspace import load_workspace
 
         spec = load_workspace(summary.workspace).spec
         full = spec.n_layers == get_zoo_model(summary.model).spec().n_layers
@@ -118,11 +124,9 @@ def _published(model: str, prompt_len: int | None, full_size: bool) -> dict | No
 
 def _model_dir(args, console) -> Path:
     """The Hugging Face directory to deploy: MODEL_DIR itself, or a GGUF imported beside the workspace."""
-    from tilepilot.model.gguf import is_gguf_input, resolve_model_path
 
     if not is_gguf_input(args.model_dir):
         return args.model_dir
-    from tilepilot.commands.import_gguf import progress_bar
 
     target = args.out.parent / f"{args.out.name}.model"
     bar, report = progress_bar(console, f"importing {args.model_dir.name} into {target}")
@@ -133,8 +137,6 @@ def _model_dir(args, console) -> Path:
 def run(args) -> int:
     from rich.console import Console
 
-    from tilepilot.skills.context import Settings
-    from tilepilot.skills.orchestrator import deploy
 
     err = Console(stderr=True)
     statuses: dict[str, object] = {}
@@ -162,7 +164,6 @@ def run(args) -> int:
     settings = Settings(knowledge_dir=knowledge, try_bfp16=args.try_bfp16)
     if args.tune_candidates is not None:
         if args.tune_candidates < 1:
-            from tilepilot.errors import InputError
 
             raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
         settings = replace(settings, tune_max_candidates=args.tune_candidates)
@@ -171,7 +172,6 @@ def run(args) -> int:
         st.stop()
     published = _published_for(summary)
     if args.json:
-        from tilepilot.runtime.timing import same_model_claims
 
         d = summary.to_dict()
         perf = summary.performance or {}

@@ -50,6 +50,7 @@ from tilepilot.kernels.tuning import calibration_key
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.npu.trace import Trace
+from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
@@ -519,7 +520,12 @@ def evaluate(root: str | Path, *, seed: int | None = None, read_audit: ReadAudit
 
     root = Path(root)
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    measured = measure(root, seed)
+    try:
+        measured = measure(root, seed)
+    except DesignError as e:  # issue 11: legal or nothing, an illegal design is a FAIL naming its code, never a time
+        check = Check("legal-designs", "fail", f"the deployed plan holds an illegal design ({', '.join(e.codes)}): {e}")
+        atomic_write(root / EVALUATION, f"# Evaluation report\n\nverdict: FAIL\n\n- {check.detail}\n")
+        return Evaluation("FAIL", str(root), seed, [check], {}, {})
     if read_audit is not None:
         read_audit.measuring = False
     before = [os.path.relpath(p, root.resolve()) for p in (read_audit.before if read_audit else [])]
