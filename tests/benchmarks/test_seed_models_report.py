@@ -53,12 +53,14 @@ def test_rows_and_goals_follow_the_records(sm):
     rows = {r["model"]: r for r in sm.build_rows(records, sm.zoo_names(), None)}
     ref = rows["llama-3.2-1b"]
     assert ref["eta_scale"]["combined"] == pytest.approx(1.0)
-    assert sm.goals(ref) == dict.fromkeys(sm.goals(ref), True)  # faster than the paper's 1.21 s / 12.2 tok/s
+    g = sm.goals(ref)
+    # these records carry no paper-like timing of the same model, so no same-model speed-up is claimed
+    assert g.pop("faster_than_paper_like") is None and g == dict.fromkeys(g, True)
     small = sm.goals(rows["qwen2.5-0.5b"])
-    assert small["wall"] is False and small["eta_scale"] is False and small["ttft_vs_paper"] is True
+    assert small["wall"] is False and small["eta_scale"] is False
     failed = rows["qwen3-0.6b"]
     assert failed["status"] == "deploy failed" and "logits cosine" in failed["reason"]
-    assert sm.goals(failed)["evaluator_pass"] is False and sm.goals(failed)["ttft_vs_paper"] is None
+    assert sm.goals(failed)["evaluator_pass"] is False and sm.goals(failed)["faster_than_paper_like"] is None
     assert rows["qwen3-4b"]["status"] == "not run" and set(sm.goals(rows["qwen3-4b"]).values()) == {None}
 
 

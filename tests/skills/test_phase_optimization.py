@@ -28,8 +28,8 @@ def test_a_change_breaking_late_tokens_is_rejected_on_the_phase_retry(fresh_ctx,
     result = PrefillOptimization().run(ctx)
     assert result.ok, result.summary
     assert not ctx.plan.host.skip_unchanged_writes
-    first = result.evidence["first_pass_reverted"]
-    assert any("skip" in row["change"] or "unchanged" in row["change"] for s in first for row in s.get("applied", []))
+    # the change is rejected by name: on the phase retry when only the full gate sees the fault, or already at its
+    # proposal when the proposal gate's teacher-forced KL steps (40 decodes) reach the faulty positions
     retried = [row for s in result.evidence["skills"] for row in s.get("applied", [])]
     assert retried and all("unchanged inputs" not in row["change"] for row in retried)
     traj = (ctx.root / "perf_opt_traj.md").read_text()
