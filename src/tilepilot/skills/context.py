@@ -317,14 +317,13 @@ class DeployContext:
     def make_runner(self, plan=None, trace=None, **options):
         """The production runner for ``plan`` (default: the deployed one) with the workspace's runtime options."""
 
-        recorded = {k: v for k, v in self.runtime_options().items() if k in ws_mod.RUNNER_OPTIONS}
         return NpuRunner.open(
             self._workspace(),
             plan=plan or self.plan,
             weights=self.weights,
             trace=trace,
             library=self.library,
-            **{**recorded, **options},
+            **options,
         )
 
     # ---- timing -------------------------------------------------------------------------------
