@@ -120,7 +120,6 @@ def bench(
     claims["baselines_modeled"] = fig
     run_len = min(prompt_len, run_prompt_len or 32)
     try:
-
         tokenizer = Tokenizer.from_dir(model_dir)
     except Exception:  # noqa: BLE001 - a model without a usable tokenizer still benches on plain ids
         tokenizer = None
@@ -219,7 +218,7 @@ def _print(res: dict[str, Any]) -> None:
         con.print(
             "timing model vs the paper's silicon (modeled paper-like / published; an error, not a speed-up): "
             f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
-                f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
+            f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
         )
     groups = Table(title="per-group breakdown (modeled; block groups per layer, ms)")
     for col in ("stage", "group", "where", "calls", "per call", "dispatch", "syncs", "cpu", "cpu (measured)"):

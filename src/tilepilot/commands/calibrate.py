@@ -57,7 +57,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     if args.predict is not None:
-
         rep = predict(args.predict)
         print(json.dumps(rep, indent=2) if args.json else render(rep))
         return 0

@@ -103,7 +103,6 @@ def _fmt_perf(perf: dict, published: dict | None = None) -> list[str]:
 def _published_for(summary) -> dict | None:
     """Published silicon figures for a full-size deployment of a model the paper deployed (else None)."""
     try:
-
         spec = load_workspace(summary.workspace).spec
         full = spec.n_layers == get_zoo_model(summary.model).spec().n_layers
     except Exception:  # noqa: BLE001 - not a zoo model, or no workspace: no published figure to compare with
@@ -137,7 +136,6 @@ def _model_dir(args, console) -> Path:
 def run(args) -> int:
     from rich.console import Console
 
-
     err = Console(stderr=True)
     statuses: dict[str, object] = {}
 
@@ -164,7 +162,6 @@ def run(args) -> int:
     settings = Settings(knowledge_dir=knowledge, try_bfp16=args.try_bfp16)
     if args.tune_candidates is not None:
         if args.tune_candidates < 1:
-
             raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
         settings = replace(settings, tune_max_candidates=args.tune_candidates)
     summary = deploy(_model_dir(args, err), args.out, resume=args.resume, settings=settings, on_event=on_event)
@@ -172,7 +169,6 @@ def run(args) -> int:
         st.stop()
     published = _published_for(summary)
     if args.json:
-
         d = summary.to_dict()
         perf = summary.performance or {}
         if perf.get("after"):

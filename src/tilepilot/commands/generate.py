@@ -58,7 +58,6 @@ def figures_line(n_prompt: int, result, host_s: float) -> str:
 def run(args) -> int:
 
     if args.system is not None and not args.chat:
-
         raise InputError("--system needs --chat: a system turn exists only in the model's chat template")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     t0 = time.perf_counter()

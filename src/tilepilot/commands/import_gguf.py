@@ -54,7 +54,6 @@ def progress_bar(console, label: str):
 def run(args) -> int:
     from rich.console import Console
 
-
     err = Console(stderr=True)
     src: Path = args.model
     with tempfile.TemporaryDirectory(prefix="tilepilot-wheel-") as scratch:

@@ -44,7 +44,6 @@ def _tokenizer_summary(model_dir: str) -> dict:
 def _run_gguf(args) -> int:
     from rich.console import Console
 
-
     src = Path(args.model_dir)
     with tempfile.TemporaryDirectory(prefix="tilepilot-inspect-") as tmp:
         bar, report = progress_bar(Console(stderr=True), f"importing {src.name}")

@@ -120,8 +120,6 @@ def _decode(x: Any) -> Any:
     return x
 
 
-
-
 @dataclass
 class GateReport:
     """The verdict of one gate with everything needed to re-check it."""

@@ -217,7 +217,6 @@ def node_launch(node, spec: ModelSpec, rows: int, stage: str, context: int, conf
     """The launch of one block-graph node for ``rows`` tokens (attention: ``context`` cached positions before)."""
     kind = node.kind
     if kind == "linear":
-
         n, k = weight_shape(spec, node.weights[0])
         family = LINEAR_FAMILY[stage]
         mod = family_module(family)

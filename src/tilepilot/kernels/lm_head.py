@@ -167,7 +167,6 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         if shape.m <= gemv.MAX_TOKENS:
             d = gemv.make_design(gemv.Shape(rows, shape.k, shape.m), config.gemv_config(), device)
         else:
-
             gshape = gemm.Shape(shape.m, stop - start, shape.k)
             d = gemm.make_design(gshape, _gemm_config(gshape, device), device)
         d.name = f"lm_head_p{i}"

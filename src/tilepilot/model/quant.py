@@ -233,7 +233,6 @@ def as_numpy_blocks(qt: QuantTensor) -> np.ndarray:
     return qt.data.numpy().reshape(-1, block_bytes(qt.fmt, qt.block))
 
 
-
 # ----------------------------------------------------------------------------------------------------------------------
 # a deployment's weights
 # ----------------------------------------------------------------------------------------------------------------------
@@ -292,7 +291,6 @@ class QuantizedWeights:
     def packed(self, i: int, field_name: str) -> QuantTensor:
         key = (i, field_name)
         if key not in self._packed:
-
             hf = f"model.layers.{i}.{LAYER_TENSOR_NAMES[field_name]}"
             qt = self.stored.get(hf)
             if qt is not None and (qt.fmt, qt.block) == (self.format.format, self.format.block):

@@ -361,7 +361,6 @@ def run_tile(design: Design, inputs: dict[str, torch.Tensor], *, validate: bool 
     if validate:
         design = check(design)
     else:
-
         design = SequentialPlacer().place(design)
     return _Machine(design, ins).run()
 

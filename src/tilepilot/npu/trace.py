@@ -244,7 +244,17 @@ class Trace:
             clock = "modeled" if kind in MODELED_KINDS else "measured"
         start = self.cursor_s
         event = TraceEvent(
-            name, kind, start, start + duration_s, clock, group, layer, stage, int(bytes), int(macs), measured_s,
+            name,
+            kind,
+            start,
+            start + duration_s,
+            clock,
+            group,
+            layer,
+            stage,
+            int(bytes),
+            int(macs),
+            measured_s,
             float(duration_s),
         )
         return self.record(event)

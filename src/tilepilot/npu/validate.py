@@ -536,7 +536,6 @@ def validate(design: Design, place: bool = True) -> list[Violation]:
     if not any(v.code in ("FIFO_NO_PRODUCER", "FIFO_MULTI_PRODUCER") for v in out):
         out += _balance(design)
     if place and not design.is_placed():
-
         design = SequentialPlacer().place(design)
     placement = _placement(design)
     out += placement
@@ -548,7 +547,6 @@ def validate(design: Design, place: bool = True) -> list[Violation]:
 def check(design: Design, place: bool = True) -> Design:
     """Raise DesignError if ``design`` breaks any rule; otherwise return it placed."""
     if place and not design.is_placed():
-
         design = SequentialPlacer().place(design)
     violations = validate(design, place=False)
     if violations:
@@ -570,7 +568,6 @@ def check_group(group: MultiLaunchGroup, place: bool = True) -> MultiLaunchGroup
     if violations:
         raise DesignError(violations, f"group {group.name}")
     if place:
-
         placer = SequentialPlacer()
         return MultiLaunchGroup(group.name, [placer.place(d) for d in group.designs], list(group.bindings))
     return group

@@ -25,8 +25,6 @@ def render(data: ReportData) -> str:
     return render_page(data, svgs)
 
 
-
-
 def build_report(
     workspace: str | Path,
     out: str | Path | None = None,

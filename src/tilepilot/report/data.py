@@ -323,7 +323,6 @@ def calibration_section(calibration: dict[str, Any] | Path | None) -> Section:
         elif isinstance(calibration, dict):
             report, source = calibration, "given report"
         else:
-
             report, source = harness.run(end_to_end=False).to_dict(), "computed now (tilepilot calibrate, kernels)"
     except (OSError, ValueError, TilepilotError) as e:
         sec.missing = f"The calibration report could not be read or computed ({e})."

@@ -62,8 +62,6 @@ class Workspace:
         self.save()
 
 
-
-
 def is_workspace(path: str | Path) -> bool:
     return (Path(path) / DEPLOYMENT_FILE).is_file()
 

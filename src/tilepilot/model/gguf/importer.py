@@ -117,7 +117,6 @@ def import_gguf(
     check_against_spec(pairs, gguf, spec_from_config(cfg).tensor_shapes())
     tokenizer = build_tokenizer(gguf)
     if tokenizer.get_vocab_size(with_added_tokens=True) > cfg["vocab_size"]:
-
         raise TokenizerError(
             f"the GGUF's tokenizer has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens but the embedding "
             f"only {cfg['vocab_size']} rows; the file is inconsistent — re-convert it"

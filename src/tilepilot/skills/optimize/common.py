@@ -131,7 +131,6 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
         elif bad := new_instances_failing(ctx, before_plan, prop.plan):
             row["decision"] = "rejected: kernel probe failed (" + "; ".join(bad) + ")"
         else:
-
             s = ctx.settings
             steps = s.greedy_steps if ctx.full_proposal_gate else s.proposal_greedy_steps
             report, _ = model_gate(ctx, prop.plan, greedy_steps=steps)

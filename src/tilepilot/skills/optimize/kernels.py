@@ -145,7 +145,6 @@ class TileTuning(PlanOptimization):
     def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
         import time
 
-
         t0 = time.perf_counter()
 
         registry = ctx.kernel_registry

@@ -77,7 +77,6 @@ class SingleBlockValidation(PhaseSkill):
             return finish(self, ctx, report, {"validator_codes": codes, "error": str(e)}, "block could not be built")
         report = T.phase2_gate(ctx.spec.head_dim).evaluate(m)
         if not report.passed:
-
             evidence["rope_position_cosine"] = rope_probe(ctx.plan, ctx.spec)
         summary = f"block 0 cosine {m[T.COSINE]:.5f}, min position cosine {m[T.MIN_POSITION_COSINE]:.5f}"
         return finish(self, ctx, report, evidence, summary)

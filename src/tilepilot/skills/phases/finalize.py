@@ -121,7 +121,6 @@ class FinalizeAndLearn(PhaseSkill):
     def run(self, ctx):
         import torch
 
-
         plan = ctx.plan
         ids, _ = gate_prompts(ctx)
         runner = ctx.make_runner(plan)
