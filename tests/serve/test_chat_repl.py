@@ -76,7 +76,6 @@ def terminal():
         t.close()
 
 
-@pytest.mark.xfail(strict=False, reason="open: in a clean-clone CI run the chat process aborts (-6) at /exit")
 def test_multi_turn_chat_streams_replies_with_labelled_figures_and_commands(terminal, serve_workspace):
     t = terminal(serve_workspace, "--max-new-tokens", "5")
     t.send("Tell me about the sea.")
@@ -102,7 +101,6 @@ def test_multi_turn_chat_streams_replies_with_labelled_figures_and_commands(term
     assert t.proc.wait(timeout=15) == 0
 
 
-@pytest.mark.xfail(strict=False, reason="open: in a clean-clone CI run the chat process aborts (-6) at /exit")
 def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(terminal, serve_workspace):
     t = terminal(serve_workspace, "--max-new-tokens", "2000")
     t.send("Write a very long story.")

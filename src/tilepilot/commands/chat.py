@@ -12,6 +12,7 @@ from pathlib import Path
 from tilepilot.errors import InputError
 from tilepilot.runtime.sampling import SamplingParams
 from tilepilot.serve.engine import Engine
+from tilepilot.serve.launch import GRACEFUL_SHUTDOWN_S
 from tilepilot.serve.repl import ChatRepl
 
 
@@ -39,5 +40,5 @@ def run(args) -> int:
     try:
         ChatRepl(engine, sampling=sampling, max_new_tokens=args.max_new_tokens, system=args.system).run()
     finally:
-        engine.stop()
+        engine.close(timeout=GRACEFUL_SHUTDOWN_S)
     return 0

@@ -281,6 +281,12 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def close(self, timeout: float | None = None) -> None:
+        """Stop, then wait for the worker to leave its forward pass. A process that exits while the daemon worker
+        is still inside torch aborts in C++ ("terminate called without an active exception", exit 134)."""
+        self.stop()
+        self.join(timeout)
+
     def _worker(self) -> None:
         while True:
             job = self._queue.get()

@@ -74,5 +74,4 @@ def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8000, log_level: 
     )
     with _signals_noted():
         server.run()
-    engine.stop()
-    engine.join(timeout=GRACEFUL_SHUTDOWN_S)
+    engine.close(timeout=GRACEFUL_SHUTDOWN_S)
