@@ -8,14 +8,11 @@ change the code of the production path run ``tilepilot evaluate`` in a fresh int
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from fresh_evaluation import evaluate_in_fresh_process
 
 from tilepilot.skills import journal as J
 from tilepilot.skills.evaluator import OracleCallAudit, evaluate
@@ -38,22 +35,6 @@ def _gate(ws: Path, name: str) -> tuple[Path, dict]:
 
 def _reasons(ev) -> str:
     return " ".join(c.detail for c in ev.checks if c.status == "fail")
-
-
-def _evaluate_in_fresh_process(ws: Path, site: str | None, tmp_path: Path) -> dict:
-    env = dict(os.environ)
-    if site is not None:
-        d = tmp_path / "site"
-        d.mkdir()
-        (d / "sitecustomize.py").write_text(textwrap.dedent(site))
-        env["PYTHONPATH"] = os.pathsep.join([str(d), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "tilepilot", "evaluate", str(ws), "--json", "--seed", str(SEED)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    out = json.loads(proc.stdout)
-    assert proc.returncode == (0 if out["verdict"] != "FAIL" else 1), proc.stderr
-    return out
 
 
 def test_clean_deployment_passes_and_read_nothing_but_deployment_json(ws):
@@ -104,7 +85,7 @@ ORACLE_SWAP = """
 
 
 def test_sabotage_oracle_swapped_into_the_runner(ws, tmp_path):
-    out = _evaluate_in_fresh_process(ws, ORACLE_SWAP, tmp_path)
+    out = evaluate_in_fresh_process(ws, ORACLE_SWAP, tmp_path, SEED)
     reasons = " ".join(out["reasons"])
     assert out["verdict"] == "FAIL"
     assert "oracle code ran in the production path" in reasons
@@ -128,7 +109,7 @@ STALE_CACHE = """
 
 
 def test_sabotage_stale_cached_outputs(ws, tmp_path):
-    out = _evaluate_in_fresh_process(ws, STALE_CACHE, tmp_path)
+    out = evaluate_in_fresh_process(ws, STALE_CACHE, tmp_path, SEED)
     reasons = " ".join(out["reasons"])
     assert out["verdict"] == "FAIL" and "stale outputs: first prompt correct, the second wrong" in reasons
 

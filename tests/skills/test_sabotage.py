@@ -10,14 +10,11 @@ interpreter whose ``sitecustomize`` patches the installation, so no patched modu
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from fresh_evaluation import evaluate_in_fresh_process
 
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills import journal as J
@@ -57,20 +54,6 @@ def _rewrite_plan_digests(ws: Path) -> None:
 
 def _fails(ev) -> dict[str, str]:
     return {c.name: c.detail for c in ev.checks if c.status == "fail"}
-
-
-def _fresh_process(ws: Path, site: str, tmp_path: Path) -> dict:
-    d = tmp_path / "site"
-    d.mkdir()
-    (d / "sitecustomize.py").write_text(textwrap.dedent(site))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(d), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tilepilot", "evaluate", str(ws), "--json", "--seed", str(SEED)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    out = json.loads(proc.stdout)
-    assert proc.returncode == (0 if out["verdict"] != "FAIL" else 1), proc.stderr
-    return out
 
 
 def test_sabotage_illegal_tiling_with_rewritten_digests(ws):
@@ -149,7 +132,7 @@ COPY_INPUT = """
 
 
 def test_sabotage_output_copied_from_an_input(ws, tmp_path):
-    out = _fresh_process(ws, COPY_INPUT, tmp_path)
+    out = evaluate_in_fresh_process(ws, COPY_INPUT, tmp_path, SEED)
     names = {c["name"] for c in out["checks"] if c["status"] == "fail"}
     assert out["verdict"] == "FAIL" and "outputs-not-inputs" in names, out["reasons"]
 
@@ -162,7 +145,7 @@ STALE_KV = """
 
 
 def test_sabotage_stale_kv_cache(ws, tmp_path):
-    out = _fresh_process(ws, STALE_KV, tmp_path)
+    out = evaluate_in_fresh_process(ws, STALE_KV, tmp_path, SEED)
     names = {c["name"] for c in out["checks"] if c["status"] == "fail"}
     assert out["verdict"] == "FAIL" and names & {"model-gate-fresh-prompts", "deterministic"}, out["reasons"]
 
@@ -182,5 +165,5 @@ LOWER_PRECISION = """
 
 
 def test_sabotage_lower_precision_kernel_swapped_in(ws, tmp_path):
-    out = _fresh_process(ws, LOWER_PRECISION, tmp_path)
+    out = evaluate_in_fresh_process(ws, LOWER_PRECISION, tmp_path, SEED)
     assert out["verdict"] == "FAIL", out["checks"]
