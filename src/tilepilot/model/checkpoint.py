@@ -22,6 +22,13 @@ from tilepilot.model.weights import LayerWeights, layer_from_lookup
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+
+def shard_names(n: int) -> list[str]:
+    """The weight files of a checkpoint in ``n`` shards, as Hugging Face names them (one file needs no index)."""
+    return [SINGLE_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
 # Names a checkpoint may carry that are not weights (rotary caches some exporters save).
 IGNORED_EXTRA_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError
+from tilepilot.model.checkpoint import INDEX_FILE, shard_names
 from tilepilot.model.safetensors_io import PlannedTensor, StreamingWriter
 from tilepilot.model.spec import ModelSpec, spec_from_config
 from tilepilot.model.zoo_tokenizer import LAYOUTS, token_ids, tokenizer_config_json, tokenizer_json
@@ -319,11 +320,11 @@ def write_zoo_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
     try:
-        _write_json(tmp / "config.json", cfg)
+        write_json(tmp / "config.json", cfg)
         gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False}
-        _write_json(tmp / "generation_config.json", gen)
-        _write_json(tmp / "tokenizer.json", tokenizer_json(layout, spec.vocab))
-        _write_json(tmp / "tokenizer_config.json", tokenizer_config_json(layout, spec.max_positions))
+        write_json(tmp / "generation_config.json", gen)
+        write_json(tmp / "tokenizer.json", tokenizer_json(layout, spec.vocab))
+        write_json(tmp / "tokenizer_config.json", tokenizer_config_json(layout, spec.max_positions))
         _write_weights(tmp, spec, torch_dtype, seed, shard_bytes, model.live_vocab(spec.vocab), progress)
         if out.exists():
             out.rmdir()
@@ -342,7 +343,8 @@ def check_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
+    """A JSON file of a Hugging Face directory being built (in a temp dir that is renamed whole at the end)."""
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -356,11 +358,7 @@ def _write_weights(
     progress: ProgressFn | None,
 ) -> None:
     shards = plan_shards(spec, dtype, shard_bytes)
-    files = (
-        ["model.safetensors"]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
+    files = shard_names(len(shards))
     for fname, plan in zip(files, shards, strict=True):
         with StreamingWriter(out / fname, plan) as w:
             for t in plan:
@@ -372,4 +370,4 @@ def _write_weights(
             "metadata": {"total_size": sum(t.nbytes for plan in shards for t in plan)},
             "weight_map": {t.name: fname for fname, plan in zip(files, shards, strict=True) for t in plan},
         }
-        _write_json(out / "model.safetensors.index.json", index)
+        write_json(out / INDEX_FILE, index)

@@ -8,7 +8,6 @@ names and shapes, tokenizer) all run before the first tensor is dequantized.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -18,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import TokenizerError
+from tilepilot.model.checkpoint import INDEX_FILE, shard_names
 from tilepilot.model.gguf.config import eos_ids, generation_config, hf_config
 from tilepilot.model.gguf.reader import GGUFFile, open_gguf
 from tilepilot.model.gguf.tensors import check_against_spec, hf_tensors, packed, selected
 from tilepilot.model.gguf.tokenizer import build_tokenizer, tokenizer_config
 from tilepilot.model.spec import spec_from_config
-from tilepilot.model.zoo import DEFAULT_SHARD_BYTES, check_out_dir
+from tilepilot.model.zoo import DEFAULT_SHARD_BYTES, check_out_dir, write_json
 
 SOURCE_FILE = "gguf_source.json"  # provenance; also tells a later run which file a directory came from
 
@@ -46,10 +46,6 @@ def source_record(path: Path) -> dict[str, Any]:
     return {"file": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def _shards(pairs: list[tuple[str, str]], gguf: GGUFFile, shard_bytes: int) -> list[list[tuple[str, str]]]:
     """Group tensors into shards of at most ``shard_bytes`` of bf16 (one shard may exceed it alone)."""
     shards: list[list[tuple[str, str]]] = [[]]
@@ -70,11 +66,7 @@ def _write_weights(
     from safetensors.torch import save_file
 
     shards = _shards(pairs, gguf, shard_bytes)
-    names = (
-        ["model.safetensors"]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
+    names = shard_names(len(shards))
     weight_map: dict[str, str] = {}
     total = 0
     done = 0
@@ -89,7 +81,7 @@ def _write_weights(
         save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
         del tensors
     if len(shards) > 1:
-        _write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+        write_json(tmp / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
 
 
 def import_gguf(
@@ -124,10 +116,10 @@ def import_gguf(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
-        _write_json(tmp / "config.json", cfg)
-        _write_json(tmp / "generation_config.json", generation_config(cfg, eos_ids(gguf)))
+        write_json(tmp / "config.json", cfg)
+        write_json(tmp / "generation_config.json", generation_config(cfg, eos_ids(gguf)))
         tokenizer.save(str(tmp / "tokenizer.json"))
-        _write_json(tmp / "tokenizer_config.json", tokenizer_config(gguf, tokenizer, cfg["max_position_embeddings"]))
+        write_json(tmp / "tokenizer_config.json", tokenizer_config(gguf, tokenizer, cfg["max_position_embeddings"]))
         _write_weights(tmp, gguf, pairs, cfg, shard_bytes, report)
         quant: dict[str, int] = {}
         for g, _ in pairs:
@@ -141,7 +133,7 @@ def import_gguf(
         }
         if layers is not None:
             record["layers_kept"] = cfg["num_hidden_layers"]
-        _write_json(tmp / SOURCE_FILE, record)
+        write_json(tmp / SOURCE_FILE, record)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
