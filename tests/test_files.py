@@ -9,7 +9,7 @@ import pytest
 from tilepilot.files import write_json_atomic, write_text_atomic
 from tilepilot.kernels.registry import Registry
 from tilepilot.npu.trace import Trace
-from tilepilot.skills.journal import atomic_write
+from tilepilot.skills.journal import Journal
 
 
 @pytest.fixture
@@ -37,8 +37,9 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
 
 
 def test_journal_registry_and_trace_files_are_readable_by_the_team(tmp_path, umask_022):
-    atomic_write(tmp_path / "progress.md", "# progress\n")
+    journal = Journal(tmp_path).scaffold("a deployment")
     Registry().save(tmp_path / "registry.json")
     Trace().to_chrome(tmp_path / "trace" / "t.json")
-    for name in ("progress.md", "registry.json", "trace/t.json"):
-        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
+    assert journal
+    for path in [*journal, tmp_path / "registry.json", tmp_path / "trace" / "t.json"]:
+        assert path.stat().st_mode & 0o777 == 0o644, path

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import TokenizerError, WorkspaceError
+from tilepilot.files import write_text_atomic
 from tilepilot.harness.model_gate import oracle_reference
 from tilepilot.kernels.registry import Registry
 from tilepilot.model.checkpoint import load_checkpoint
@@ -30,7 +31,7 @@ from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 from tilepilot.skills.base import SkillResult
 from tilepilot.skills.classify import Diagnosis
-from tilepilot.skills.journal import Journal, atomic_write, atomic_write_json
+from tilepilot.skills.journal import Journal, atomic_write_json
 
 # Figures every deployment is timed at: the paper's and IRON's published TTFT are at 2048 tokens
 # (reference/xdna2.md, "Published LLM results"), and decode is timed at the same context.
@@ -293,7 +294,7 @@ class DeployContext:
 
     def write_text(self, name: str, text: str) -> Path:
         p = self.root / name
-        atomic_write(p, text)
+        write_text_atomic(p, text)
         return p
 
     # ---- runtime ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tilepilot.files import write_text_atomic
 from tilepilot.gates import thresholds as T
 from tilepilot.gates.gate import Gate, GateReport
 from tilepilot.harness.model_gate import (
@@ -62,7 +63,7 @@ from tilepilot.skills.context import (
     perf_figures,
     plan_digest,
 )
-from tilepilot.skills.journal import EVALUATION, Journal, atomic_write
+from tilepilot.skills.journal import EVALUATION, Journal
 
 # Claimed figures are compared in two parts. The modeled part (NPU dispatches + buffer syncs) comes from a
 # deterministic model, so only float noise is allowed, in either direction and under any calibration key: a
@@ -524,7 +525,7 @@ def evaluate(root: str | Path, *, seed: int | None = None, read_audit: ReadAudit
         measured = measure(root, seed)
     except DesignError as e:  # issue 11: legal or nothing, an illegal design is a FAIL naming its code, never a time
         check = Check("legal-designs", "fail", f"the deployed plan holds an illegal design ({', '.join(e.codes)}): {e}")
-        atomic_write(root / EVALUATION, f"# Evaluation report\n\nverdict: FAIL\n\n- {check.detail}\n")
+        write_text_atomic(root / EVALUATION, f"# Evaluation report\n\nverdict: FAIL\n\n- {check.detail}\n")
         return Evaluation("FAIL", str(root), seed, [check], {}, {})
     if read_audit is not None:
         read_audit.measuring = False
@@ -538,7 +539,7 @@ def evaluate(root: str | Path, *, seed: int | None = None, read_audit: ReadAudit
         else:
             checks.append(Check("independence", "pass", "only deployment.json was read before measuring"))
     ev = Evaluation(verdict_of(checks), str(root), seed, checks, measured, claims, journal_reads)
-    atomic_write(root / EVALUATION, render(ev))
+    write_text_atomic(root / EVALUATION, render(ev))
     return ev
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tilepilot.files import write_text_atomic
 from tilepilot.skills.base import WHEN_CUES, Skill, description_problems, name_problems
-from tilepilot.skills.journal import atomic_write
 
 LICENSE = "Apache-2.0"  # the project's licence (pyproject.toml)
 SKILL_FILE = "SKILL.md"
@@ -97,7 +97,7 @@ def export(skills: list[type[Skill]] | tuple[type[Skill], ...], out_dir: str | P
     written = []
     for s in skills:
         p = out / s.name / SKILL_FILE
-        atomic_write(p, render(s))
+        write_text_atomic(p, render(s))
         written.append(p)
     return written
 

@@ -54,13 +54,8 @@ _HEADERS = {
 }
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Journal files go through the package's one atomic write (readable under the user's umask)."""
-    write_text_atomic(path, text)
-
-
 def atomic_write_json(path: Path, payload: Any) -> None:
-    atomic_write(path, json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
 def _json_default(obj: Any) -> Any:
@@ -116,14 +111,14 @@ class Journal:
                 header = _HEADERS[name]
                 if name in (TODO, PROGRESS):
                     header = header.replace("\n\n", f"\n\nDeployment of {title}.\n\n", 1)
-                atomic_write(p, header)
+                write_text_atomic(p, header)
                 written.append(p)
         return written
 
     def _append(self, name: str, text: str) -> None:
         p = self.path(name)
         old = p.read_text(encoding="utf-8") if p.exists() else _HEADERS.get(name, "")
-        atomic_write(p, old + text)
+        write_text_atomic(p, old + text)
 
     # ---- documents --------------------------------------------------------------------------
     def write_todo(self, rows: Iterable[PhaseRow]) -> None:
@@ -134,7 +129,7 @@ class Journal:
             secs = f", {r.seconds:.1f} s measured" if r.seconds is not None else ""
             note = f" — {r.note}" if r.note else ""
             lines.append(f"- [{marks.get(r.status, ' ')}] phase {r.phase} `{r.name}`: {r.status}{secs}{note}\n")
-        atomic_write(self.path(TODO), "".join(lines))
+        write_text_atomic(self.path(TODO), "".join(lines))
 
     def progress(self, message: str) -> None:
         self._append(PROGRESS, f"- {_stamp()} {message}\n")

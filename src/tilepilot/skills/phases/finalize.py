@@ -14,6 +14,7 @@ import json
 import time
 from typing import Any
 
+from tilepilot.files import write_text_atomic
 from tilepilot.gates import metrics as M
 from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.harness.model_gate import gate_prompts
@@ -24,7 +25,7 @@ from tilepilot.kernels.tuning import modeled_seconds, timing_key
 from tilepilot.npu.trace import library_layouts
 from tilepilot.skills.base import PhaseSkill, SkillInput
 from tilepilot.skills.context import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, KNOWLEDGE_REGISTRY, perf_figures
-from tilepilot.skills.journal import TRACE_DIR, atomic_write, atomic_write_json
+from tilepilot.skills.journal import TRACE_DIR, atomic_write_json
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 from tilepilot.skills.phases.kernels import probe_evidence
 
@@ -174,7 +175,7 @@ class FinalizeAndLearn(PhaseSkill):
             atomic_write_json(lp, {"lessons": merged})
             md = kd / KNOWLEDGE_LESSONS_MD
             prev = md.read_text(encoding="utf-8") if md.exists() else "# Lessons shared between deployments\n\n"
-            atomic_write(md, prev + f"## {ctx.spec.name or ctx.spec.architecture}\n\n{summary_lesson}\n\n")
+            write_text_atomic(md, prev + f"## {ctx.spec.name or ctx.spec.architecture}\n\n{summary_lesson}\n\n")
         m = {
             "generate.tokens": float(len(gen.tokens)),
             "generate.token_set_ok": float(check.passed),
