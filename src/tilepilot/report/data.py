@@ -30,18 +30,9 @@ from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import MetaWeights, time_plan
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills import journal as J
+from tilepilot.skills import registry
 
 BUILTIN_COMPARED = ("paper-like", "iron-like")
-PHASE_GATES = (
-    "build-cpu-oracle",
-    "kernel-validation",
-    "single-block-validation",
-    "full-model-validation",
-    "prefill-optimization",
-    "decode-optimization",
-    "finalize-and-learn",
-    "independent-evaluator",
-)
 
 
 @dataclass
@@ -77,7 +68,7 @@ class ReportData:
 # ----------------------------------------------------------------------------------------------------------------------
 def _gates(root: Path) -> dict[str, dict[str, Any]]:
     j = J.Journal(root)
-    return {name: g for name in PHASE_GATES if (g := j.read_gate(name)) is not None}
+    return {name: g for name in (p.name for p in registry.phases()) if (g := j.read_gate(name)) is not None}
 
 
 def phases_section(root: Path, gates: dict[str, dict[str, Any]]) -> Section:
