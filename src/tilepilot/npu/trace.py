@@ -198,11 +198,9 @@ def _pick(candidates: LaunchLayout | Sequence[LaunchLayout] | None, macs: int) -
 def library_layouts(library: object) -> dict[str, tuple[LaunchLayout, ...]]:
     """Layouts of every design a ``runtime.dispatcher.KernelLibrary`` built (what a run dispatched).
 
-    The library keeps its designs in a private cache and has no public accessor yet; this is the one place
-    that reads it, so the trace writer stays independent of the runtime layer.
+    Duck-typed on ``library.designs()``: the trace sits below the runtime and must not import it.
     """
-    cache = getattr(library, "_designs", None) or {}
-    return layouts_of(cache.values())
+    return layouts_of(library.designs())
 
 
 @dataclass
@@ -437,7 +435,7 @@ class Trace:
         """Write Chrome trace JSON atomically (temp file then rename), so no half-written trace is left."""
         return write_text_atomic(path, json.dumps(self.to_chrome_dict(layouts)))
 
-    def write_phases(
+    def write_stages(
         self, directory: str | os.PathLike, layouts: Mapping[str, LaunchLayout | Sequence[LaunchLayout]] | None = None
     ) -> dict[str, Path]:
         """``prefill.json`` and ``decode.json`` under ``directory``, one Chrome trace per stage that has events."""

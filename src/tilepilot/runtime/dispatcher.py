@@ -119,6 +119,10 @@ class KernelLibrary:
         self._touch(self._designs, key, self.capacity)
         return key, self._designs[key]
 
+    def designs(self) -> list[Any]:
+        """Every design built so far (what a run dispatched), for the trace writer's per-tile layout."""
+        return list(self._designs.values())
+
     def dispatch_time(self, name: str, keys: list[Any]) -> GroupTiming:
         """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened)."""
         gkey = (name, tuple(keys))

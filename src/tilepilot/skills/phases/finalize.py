@@ -130,7 +130,7 @@ class FinalizeAndLearn(PhaseSkill):
         host_s = time.perf_counter() - t0
         # the final plan's run as Chrome traces (trace/prefill.json, trace/decode.json) for Perfetto and the report
 
-        traces = runner.trace.write_phases(ctx.root / TRACE_DIR, library_layouts(runner.library))
+        traces = runner.trace.write_stages(ctx.root / TRACE_DIR, library_layouts(runner.library))
         ref_tokens, ref_top5 = _oracle_greedy(ctx, ids, GENERATE_TOKENS)
         # generate does not return the runner's top-5 per step; the token-set rule reads it only at the first
         # divergence, so a second runner replays the steps up to there (none when the tokens are identical).
