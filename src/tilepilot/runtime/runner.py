@@ -302,7 +302,7 @@ class NpuRunner:
         t0 = time.perf_counter()
         step = self.prefill(ids, all_logits=False)
         prefill_s = time.perf_counter() - t0
-        modeled_ttft = _window_s(self.trace, mark)
+        modeled_ttft = window_s(self.trace, mark)
         dispatches_prefill = _window_count(self.trace, mark)
         tokens: list[int] = []
         modeled_decode: list[float] = []
@@ -325,7 +325,7 @@ class NpuRunner:
             t1 = time.perf_counter()
             logits = self.decode(tok).logits[-1]
             t_dec += time.perf_counter() - t1
-            modeled_decode.append(_window_s(self.trace, mark))
+            modeled_decode.append(window_s(self.trace, mark))
             dispatches_decode += _window_count(self.trace, mark)
         return GenerationResult(
             prompt_ids=ids,
@@ -345,7 +345,7 @@ def _peek(buf: DeviceBuffer) -> torch.Tensor:
     return (buf.device if buf.device_fresh else buf.host).float().clone()
 
 
-def _window_s(trace: Trace, mark: int) -> float:
+def window_s(trace: Trace, mark: int) -> float:
     """Timeline time of the top-level events since ``mark``: modeled NPU/syncs plus modeled CPU steps."""
     return sum(e.duration_s for e in trace.events[mark:] if e.kind in ("dispatch", "sync", "cpu"))
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tilepilot.errors import InputError, TilepilotError, TokenizerError
 from tilepilot.model.tokenizer import IncrementalDecoder
-from tilepilot.runtime.runner import NpuRunner, _window_s
+from tilepilot.runtime.runner import NpuRunner, window_s
 from tilepilot.runtime.sampling import Sampler, SamplingParams
 from tilepilot.serve.stops import StopMatcher
 
@@ -123,7 +123,7 @@ def open_deployment(workspace: str | Path) -> tuple[NpuRunner, Any, str]:
 def cpu_measured_s(trace: Any, mark: int) -> float:
     """Measured wall clock of the plan's CPU groups since ``mark``, reported beside the modeled figures.
 
-    The runner's window (``_window_s``, what ``tilepilot generate`` prints as modeled) holds the CPU groups at
+    The runner's window (``window_s``, what ``tilepilot generate`` prints as modeled) holds the CPU groups at
     their modeled host cost; each CPU event carries the wall clock it really took as ``measured_s``.
     """
     return sum(
@@ -344,7 +344,7 @@ class Engine:
         mark = len(r.trace.events)
         step = r.extend(ids[cached:], all_logits=False)
         self._cached[:] = ids
-        modeled_ttft = _window_s(r.trace, mark)
+        modeled_ttft = window_s(r.trace, mark)
         ttft_cpu = cpu_measured_s(r.trace, mark)
         decode_cpu = 0.0
 
@@ -381,7 +381,7 @@ class Engine:
             mark = len(r.trace.events)
             logits = r.decode(tok).logits[-1]
             self._cached.append(tok)
-            modeled_decode.append(_window_s(r.trace, mark))
+            modeled_decode.append(window_s(r.trace, mark))
             decode_cpu += cpu_measured_s(r.trace, mark)
         if not stops.hit:
             text, hit = stops.push(decoder.flush())
