@@ -95,6 +95,18 @@ def _qgemv_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return design.fast({"x": args["_in"][0], "w": args[args["_w"][0]]})["y"]
 
 
+def _qgemm_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
+    n, k = _linear_dims(node, spec)
+    return family_module("qgemm").Shape(m=rows, n=n, k=k, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32))
+
+
+def _qgemm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    """``args[field]`` is the packed uint8 weight (the runner registers packed buffers for qgemm stages)."""
+    mod = family_module("qgemm")
+    ins = mod.prepare_inputs(design, args["_in"][0], args[args["_w"][0]])
+    return mod.crop_outputs(design, design.fast(ins))["c"]
+
+
 # ---- residual add ---------------------------------------------------------------------------------------------------
 def _add_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("eltwise").Shape(n=rows * node.width, op="add")
@@ -196,6 +208,7 @@ BINDINGS: dict[tuple[str, str], OpBinding] = {
     ("linear", "gemm"): OpBinding(_gemm_shape, _gemm_run),
     ("linear", "gemv"): OpBinding(_gemv_shape, _gemv_run),
     ("linear", "qgemv"): OpBinding(_qgemv_shape, _qgemv_run),
+    ("linear", "qgemm"): OpBinding(_qgemm_shape, _qgemm_run),
     ("add", "eltwise"): OpBinding(_add_shape, _add_run),
     ("lm_head", "lm_head"): OpBinding(_head_shape, _head_run),
     ("lm_head", "gemv"): OpBinding(

@@ -26,7 +26,9 @@ from tilepilot.files import write_text_atomic
 
 # Every family module tilepilot knows, in the order plans list them. A family whose module is not in the
 # tree yet is simply absent from FAMILIES (an import error *inside* a present module still raises).
-FAMILY_NAMES = ("gemm", "gemv", "qgemv", "eltwise", "lm_head", "rmsnorm", "rope", "attention", "swiglu", "bias")
+FAMILY_NAMES = (
+    "gemm", "qgemm", "gemv", "qgemv", "eltwise", "lm_head", "rmsnorm", "rope", "attention", "swiglu", "bias",
+)  # fmt: skip
 
 REGISTRY_VERSION = 1
 

@@ -16,7 +16,7 @@ from tilepilot.model.spec import ModelSpec
 # semantic op kind -> kernel families that may implement it on the NPU. "host" marks a CPU call.
 KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("rmsnorm",),
-    "linear": ("gemm", "gemv", "qgemv"),  # qgemv: packed quantized weights (model/quant.py)
+    "linear": ("gemm", "gemv", "qgemv", "qgemm"),  # qgemv/qgemm: packed quantized weights (model/quant.py)
     "bias": ("bias",),
     "head_norm": ("rmsnorm",),
     "rope": ("rope",),

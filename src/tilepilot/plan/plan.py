@@ -24,7 +24,7 @@ WHERE = ("npu", "cpu")
 WEIGHT_POLICIES = ("preloaded", "per_call")
 LAYOUTS = ("seq_first", "host_transpose")
 # families that read packed weights (model/quant.py) instead of bf16 ones
-QUANT_FAMILIES = ("qgemv",)
+QUANT_FAMILIES = ("qgemv", "qgemm")
 
 
 @dataclass
@@ -244,22 +244,25 @@ def check_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> None:
         raise ConfigError(f"plan {plan.name!r} is invalid: " + "; ".join(problems))
 
 
-def with_weights(plan: DeploymentPlan, fmt: WeightFormat) -> DeploymentPlan:
+def with_weights(plan: DeploymentPlan, fmt: WeightFormat, packed_prefill: bool = True) -> DeploymentPlan:
     """``plan`` deploying ``fmt``: decode projections the format packs run the quantized GEMV (``qgemv``) over the
-    packed blocks; prefill keeps bf16 GEMMs over the dequantized weights (as AIR's Q4NX prefill does)."""
+    packed blocks; prefill projections run the quantized GEMM (``qgemm``) over them, or with
+    ``packed_prefill=False`` bf16 GEMMs over the dequantized weights (as AIR's Q4NX prefill does)."""
 
     out = DeploymentPlan.from_dict(plan.to_dict())
     out.weights = asdict(fmt) | {"bf16_tensors": list(fmt.bf16_tensors)}
     graph = block_graph(out.model_spec())
-    for g in out.decode.block:
-        for c in g.calls:
-            node = graph.node(c.op)
-            if g.where != "npu" or node.kind != "linear":
-                continue
-            if fmt.packs(node.weights[0]):
-                c.family, c.config = "qgemv", {"fmt": fmt.format, "block": fmt.block}
-            elif c.family == "qgemv":
-                c.family, c.config = "gemv", {}
+    quant = {"decode": ("qgemv", "gemv"), "prefill": ("qgemm" if packed_prefill else "gemm", "gemm")}
+    for stage, (packed, plain) in quant.items():
+        for g in out.stage(stage).block:
+            for c in g.calls:
+                node = graph.node(c.op)
+                if g.where != "npu" or node.kind != "linear":
+                    continue
+                if fmt.packs(node.weights[0]) and packed in QUANT_FAMILIES:
+                    c.family, c.config = packed, {"fmt": fmt.format, "block": fmt.block}
+                elif c.family in QUANT_FAMILIES:
+                    c.family, c.config = plain, {}
     if fmt.quantized:
         out.notes.append(f"weights {fmt.format} (block {fmt.block}); bf16: {', '.join(fmt.bf16_tensors)}")
     return out

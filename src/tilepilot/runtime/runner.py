@@ -27,7 +27,7 @@ from tilepilot.model.weights import WeightSource
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.trace import Trace
-from tilepilot.plan.plan import DeploymentPlan, check_plan
+from tilepilot.plan.plan import QUANT_FAMILIES, DeploymentPlan, check_plan
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer
 from tilepilot.runtime.dispatcher import Dispatcher, HostOpTimer, KernelLibrary, KVState, Pass, sync_costs
 from tilepilot.runtime.kv_cache import KVCache
@@ -167,18 +167,23 @@ class NpuRunner:
         self._layers: list[dict[str, DeviceBuffer]] = []
         self._decode_layers: list[dict[str, DeviceBuffer]] = []
         needed = {w for n in self.graph.block for w in n.weights}
-        packed = {  # weights whose decode kernel streams the packed blocks (qgemv)
-            self.graph.node(c.op).weights[0] for g in self.plan.decode.block for c in g.calls if c.family == "qgemv"
-        }
+        packed = {  # per stage, the weights whose kernel streams the packed blocks (qgemv, qgemm)
+            stage: {self.graph.node(c.op).weights[0] for g in self.plan.stage(stage).block for c in g.calls
+                    if c.family in QUANT_FAMILIES}
+            for stage in ("prefill", "decode")
+        }  # fmt: skip
         for i in range(s.n_layers):
             lw = weights.layer(i)
-            self._layers.append(
-                {name: self.pool.weight(f"layer{i}.{name}", _bf16(getattr(lw, name))) for name in sorted(needed)}
-            )
-            dec = dict(self._layers[-1])
-            for name in sorted(packed):
-                dec[name] = self.pool.weight(f"layer{i}.{name}.packed", weights.packed(i, name).data)
-            self._decode_layers.append(dec)
+            bf = {name: self.pool.weight(f"layer{i}.{name}", _bf16(getattr(lw, name))) for name in sorted(needed)}
+            stages = []
+            for stage in ("prefill", "decode"):
+                mine = dict(bf)
+                for name in sorted(packed[stage]):
+                    key = f"layer{i}.{name}.packed"
+                    mine[name] = self.pool.get(key) or self.pool.weight(key, weights.packed(i, name).data)
+                stages.append(mine)
+            self._layers.append(stages[0])
+            self._decode_layers.append(stages[1])
         head = self.embed if s.tied_embeddings else _bf16(weights.lm_head())
         self._head = {
             "final_norm": self.pool.weight("final_norm", _bf16(weights.final_norm())),
