@@ -10,18 +10,19 @@ magnitude) and rounded once to bf16 (RNE). Production fast path == exact path.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from tilepilot.kernels import _stream as st
+from tilepilot.kernels import rowwise as rw
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TensorSpec, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.oracle import ops
 
 FAMILY = "bias"
-VARIANTS = ("vector", "scalar")
+VARIANTS = rw.VARIANTS
 OPS_PER_ELEMENT = 2  # ESTIMATE: one fp32 add and one bf16 convert per element
 
 
@@ -32,11 +33,8 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class Config:
-    tiles: int = 8
-    rows_per_call: int = 1
-    depth: int = 2
-    variant: str = "vector"
+class Config(rw.RowConfig):
+    """Rows of x streamed through ``tiles`` workers (``rowwise.RowConfig``)."""
 
 
 def l1_bytes(shape: Shape, config: Config) -> int:
@@ -67,8 +65,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
     device = device or npu2()
     config = config or default_config(shape, device)
-    if config.variant not in VARIANTS:
-        raise st.shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
     if min(shape.rows, shape.width) < 1 or shape.width % 2:
         raise st.shape_error(FAMILY, f"shape {shape} is empty or has an odd width (rows must be whole words)")
     design = st.build(
@@ -89,16 +86,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("add:fp32", "output:bf16")),
         fast=_fast(),
     )
-    design.meta = {
-        "family": FAMILY,
-        "shape": asdict(shape),
-        "config": asdict(config),
-        "logical_shape": asdict(shape),
-        "macs": 0,
-        "elements": shape.rows * shape.width,
-        "ddr_read_bytes": design.ddr_read_bytes(),
-        "ddr_write_bytes": design.ddr_write_bytes(),
-    }
+    design.meta = rw.design_meta(design, FAMILY, shape, config, shape.rows * shape.width)
     return design
 
 
@@ -116,24 +104,9 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
     """More tiles first (one per column), then bigger objects."""
-    device = device or npu2()
-    out: list[tuple[tuple, Config]] = []
-    for tiles in (8, 4, 2, 1, 16):
-        if tiles > device.n_compute_tiles:
-            continue
-        for rpc in (16, 8, 4, 2, 1):
-            if shape.rows % rpc or shape.rows // rpc < tiles:
-                continue
-            cfg = Config(tiles, rpc, 2, "vector")
-            if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
-                out.append(((tiles > device.columns, -tiles, -rpc), cfg))
-    out.sort(key=lambda x: x[0])
-    cands = [c for _, c in out]
-    return cands + [replace(cands[0], variant="scalar")] if cands else []
+    return rw.row_candidates(shape.rows, device or npu2(), lambda c: l1_bytes(shape, c), Config)
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
-    cands = candidate_configs(shape, device)
-    if not cands:
-        raise st.shape_error(FAMILY, f"no bias tiling fits {shape}; one row does not fit tile memory")
-    return cands[0]
+    why = f"no bias tiling fits {shape}; one row does not fit tile memory"
+    return rw.first_candidate(FAMILY, candidate_configs(shape, device), why)

@@ -13,18 +13,19 @@ the same at tensor level, so exact and production paths coincide.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
+from tilepilot.kernels import rowwise as rw
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, ObjectFifo, Runtime, TensorSpec, Tile, TileKernel, Worker
 from tilepilot.npu.device import FIRST_COMPUTE_ROW, Device, npu2
-from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, Violation, legal_taps
+from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, legal_taps
 
 FAMILY = "eltwise"
 OPS = {"add": torch.add, "mul": torch.mul}
-VARIANTS = ("vector", "scalar")
+VARIANTS = rw.VARIANTS
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Config:
 
 
 def _err(message: str) -> DesignError:
-    return DesignError([Violation("SHAPE_NOT_TILING", None, message)], "eltwise")
+    return rw.shape_error(FAMILY, message)
 
 
 def padded_n(shape: Shape, config: Config) -> int:
@@ -81,8 +82,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     config = config or default_config(shape, device)
     if shape.op not in OPS:
         raise _err(f"op {shape.op!r} is not elementwise here; use one of {sorted(OPS)}")
-    if config.variant not in VARIANTS:
-        raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
     if config.tiles < 1 or config.tiles > device.n_compute_tiles or config.chunk < 2 or config.chunk % 2:
         raise _err(f"{config.tiles} tiles of {config.chunk}-element chunks cannot run on {device.name}")
     n = padded_n(shape, config)
@@ -118,17 +118,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("compute:fp32", "output:bf16")),
         fast=_fast(shape),
     )
-    design.meta = {
-        "family": FAMILY,
-        "shape": asdict(shape),
-        "config": asdict(config),
-        "logical_shape": asdict(shape),
-        "padded_shape": {"n": n, "op": shape.op},
-        "macs": 0,
-        "elements": n,
-        "ddr_read_bytes": design.ddr_read_bytes(),
-        "ddr_write_bytes": design.ddr_write_bytes(),
-    }
+    design.meta = rw.design_meta(design, FAMILY, shape, config, n, padded_shape={"n": n, "op": shape.op})
     return design
 
 
@@ -170,7 +160,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     """More tiles (up to the 8 the shims can feed) and bigger chunks first; unpadded before padded."""
     device = device or npu2()
     out: list[tuple[tuple, Config]] = []
-    for tiles in (8, 4, 2, 1, 16):
+    for tiles in rw.TILE_CHOICES:
         if tiles > device.n_compute_tiles:
             continue
         for chunk in (4096, 2048, 1024, 512, 256, 64):

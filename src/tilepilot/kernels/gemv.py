@@ -25,7 +25,9 @@ the other for calibration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -355,12 +357,22 @@ def tile_k_choices(k: int, limit: int | None = None) -> list[int]:
     return [d for d in out if limit is None or d <= limit]
 
 
-def fits(shape: Shape, config: Config, device: Device) -> bool:
-    try:
-        _check(shape, config, device)
-    except DesignError:
-        return False
-    return l1_bytes(shape, config) <= device.compute.memory_bytes
+def tile_fits(check: Callable[[Any, Any, Device], None], l1: Callable[[Any, Any], int]) -> Callable[..., bool]:
+    """``fits(shape, config, device)`` for a matrix-vector family: the config passes the family's shape ``check``
+    (which raises ``DesignError``) and one worker's ``l1`` bytes fit compute-tile memory. The GEMV families (gemv,
+    qgemv) prune their candidates with it before building any design."""
+
+    def fits(shape: Any, config: Any, device: Device) -> bool:
+        try:
+            check(shape, config, device)
+        except DesignError:
+            return False
+        return l1(shape, config) <= device.compute.memory_bytes
+
+    return fits
+
+
+fits = tile_fits(_check, l1_bytes)
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:

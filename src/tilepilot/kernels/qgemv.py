@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from tilepilot.kernels.gemv import K_GRANULE, MAX_TOKENS, TILE_M_CHOICES, stream_taps, tile_k_choices
+from tilepilot.kernels.gemv import K_GRANULE, MAX_TOKENS, TILE_M_CHOICES, stream_taps, tile_fits, tile_k_choices
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, join
@@ -227,12 +227,7 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
     return {"y": linear(inputs["x"], w)}
 
 
-def fits(shape: Shape, config: Config, device: Device) -> bool:
-    try:
-        _check(shape, config, device)
-    except DesignError:
-        return False
-    return l1_bytes(shape, config) <= device.compute.memory_bytes
+fits = tile_fits(_check, l1_bytes)
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:

@@ -20,19 +20,20 @@ the weight multiply. The fast path computes exactly this at tensor level, so pro
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from tilepilot.errors import ConfigError
 from tilepilot.kernels import _stream as st
+from tilepilot.kernels import rowwise as rw
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TensorSpec, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.oracle import ops
 
 FAMILY = "rmsnorm"
-VARIANTS = ("vector", "scalar")
+VARIANTS = rw.VARIANTS
 # ESTIMATE of fp32 vector operations per element: square-accumulate, scale by 1/rms, weight multiply, bf16
 # convert. Per row: a lane reduction and one rsqrt (~32 ops, an AIE rsqrt is a short Newton iteration).
 OPS_PER_ELEMENT = 4
@@ -48,11 +49,8 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class Config:
-    tiles: int = 8
-    rows_per_call: int = 1
-    depth: int = 2
-    variant: str = "vector"
+class Config(rw.RowConfig):
+    """Work rows (tokens x heads) streamed through ``tiles`` workers (``rowwise.RowConfig``)."""
 
 
 def work_rows(shape: Shape) -> int:
@@ -95,8 +93,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
 
 
 def _check(shape: Shape, config: Config, device: Device) -> None:
-    if config.variant not in VARIANTS:
-        raise st.shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
     if min(shape.rows, shape.width, shape.heads) < 1 or shape.eps < 0:
         raise st.shape_error(FAMILY, f"shape {shape} has an empty dimension or a negative eps")
     if shape.width % 2:
@@ -131,16 +128,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         ),
         fast=_fast(shape),
     )
-    design.meta = {
-        "family": FAMILY,
-        "shape": asdict(shape),
-        "config": asdict(config),
-        "logical_shape": asdict(shape),
-        "macs": 0,
-        "elements": shape.rows * cols,
-        "ddr_read_bytes": design.ddr_read_bytes(),
-        "ddr_write_bytes": design.ddr_write_bytes(),
-    }
+    design.meta = rw.design_meta(design, FAMILY, shape, config, shape.rows * cols)
     return design
 
 
@@ -164,25 +152,9 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
     """More tiles first (up to one per column; 16 only if the shims allow it), then bigger objects."""
-    device = device or npu2()
-    rows = work_rows(shape)
-    out: list[tuple[tuple, Config]] = []
-    for tiles in (8, 4, 2, 1, 16):
-        if tiles > device.n_compute_tiles:
-            continue
-        for rpc in (16, 8, 4, 2, 1):
-            if rows % rpc or rows // rpc < tiles:
-                continue
-            cfg = Config(tiles, rpc, 2, "vector")
-            if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
-                out.append(((tiles > device.columns, -tiles, -rpc), cfg))
-    out.sort(key=lambda x: x[0])
-    cands = [c for _, c in out]
-    return cands + [replace(cands[0], variant="scalar")] if cands else []
+    return rw.row_candidates(work_rows(shape), device or npu2(), lambda c: l1_bytes(shape, c), Config)
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
-    cands = candidate_configs(shape, device)
-    if not cands:
-        raise st.shape_error(FAMILY, f"no RMSNorm tiling fits {shape}; a single row does not fit tile memory")
-    return cands[0]
+    why = f"no RMSNorm tiling fits {shape}; a single row does not fit tile memory"
+    return rw.first_candidate(FAMILY, candidate_configs(shape, device), why)

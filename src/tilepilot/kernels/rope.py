@@ -20,11 +20,12 @@ round-to-nearest-even to bf16. The fast path does exactly this, so production ==
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from tilepilot.kernels import _stream as st
+from tilepilot.kernels import rowwise as rw
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TensorSpec, TileKernel, torch_dtype
@@ -33,7 +34,7 @@ from tilepilot.oracle import ops
 from tilepilot.oracle.rope import inv_freq_for
 
 FAMILY = "rope"
-VARIANTS = ("vector", "scalar")
+VARIANTS = rw.VARIANTS
 TABLE_DTYPES = ("bf16", "fp32")
 OPS_PER_ELEMENT = 4  # ESTIMATE: two fp32 multiplies, one add/sub, one bf16 convert per output element
 
@@ -47,11 +48,8 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class Config:
-    tiles: int = 8
-    rows_per_call: int = 1
-    depth: int = 2
-    variant: str = "vector"
+class Config(rw.RowConfig):
+    """Tokens (with all their heads) streamed through ``tiles`` workers (``rowwise.RowConfig``)."""
 
 
 def width(shape: Shape) -> int:
@@ -119,10 +117,8 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
 
 
 def _check(shape: Shape, config: Config) -> None:
-    if config.variant not in VARIANTS:
-        raise st.shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
-    if shape.table_dtype not in TABLE_DTYPES:
-        raise st.shape_error(FAMILY, f"table dtype {shape.table_dtype!r} is unknown; use one of {TABLE_DTYPES}")
+    rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
+    rw.check_choice(FAMILY, "table dtype", shape.table_dtype, TABLE_DTYPES)
     if min(shape.rows, shape.heads, shape.head_dim) < 1 or shape.head_dim % 4:
         raise st.shape_error(FAMILY, f"shape {shape} is empty or head_dim is not a multiple of 4 (two word halves)")
 
@@ -152,16 +148,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         ),
         fast=_fast(shape),
     )
-    design.meta = {
-        "family": FAMILY,
-        "shape": asdict(shape),
-        "config": asdict(config),
-        "logical_shape": asdict(shape),
-        "macs": 0,
-        "elements": shape.rows * w,
-        "ddr_read_bytes": design.ddr_read_bytes(),
-        "ddr_write_bytes": design.ddr_write_bytes(),
-    }
+    design.meta = rw.design_meta(design, FAMILY, shape, config, shape.rows * w)
     return design
 
 
@@ -185,24 +172,9 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
     """More tiles first (8 = one per column; more exhausts the shims), then more tokens per call."""
-    device = device or npu2()
-    out: list[tuple[tuple, Config]] = []
-    for tiles in (8, 4, 2, 1, 16):
-        if tiles > device.n_compute_tiles:
-            continue
-        for rpc in (16, 8, 4, 2, 1):
-            if shape.rows % rpc or shape.rows // rpc < tiles:
-                continue
-            cfg = Config(tiles, rpc, 2, "vector")
-            if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
-                out.append(((tiles > device.columns, -tiles, -rpc), cfg))
-    out.sort(key=lambda x: x[0])
-    cands = [c for _, c in out]
-    return cands + [replace(cands[0], variant="scalar")] if cands else []
+    return rw.row_candidates(shape.rows, device or npu2(), lambda c: l1_bytes(shape, c), Config)
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
-    cands = candidate_configs(shape, device)
-    if not cands:
-        raise st.shape_error(FAMILY, f"no RoPE tiling fits {shape}; one token's heads do not fit tile memory")
-    return cands[0]
+    why = f"no RoPE tiling fits {shape}; one token's heads do not fit tile memory"
+    return rw.first_candidate(FAMILY, candidate_configs(shape, device), why)

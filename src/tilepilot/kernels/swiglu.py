@@ -16,19 +16,20 @@ bf16 output by one bf16 ulp (tested).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from tilepilot.kernels import _stream as st
+from tilepilot.kernels import rowwise as rw
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TensorSpec, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.oracle import ops
 
 FAMILY = "swiglu"
-VARIANTS = ("vector", "scalar")
+VARIANTS = rw.VARIANTS
 # ESTIMATE of fp32 vector operations per element: negate, exp (~6 ops: range reduction + polynomial on
 # an AIE without a native fp32 exp), add, reciprocal (~3), two multiplies, bf16 convert.
 OPS_PER_ELEMENT = 14
@@ -85,8 +86,7 @@ def _kernel(config: Config) -> TileKernel:
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
     device = device or npu2()
     config = config or default_config(shape, device)
-    if config.variant not in VARIANTS:
-        raise st.shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
     n = elements(shape)
     if n < 1 or config.chunk < 2 or config.chunk % 2 or n % config.chunk:
         raise st.shape_error(
@@ -112,16 +112,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("silu:fp32", "mul:fp32", "output:bf16")),
         fast=_fast(),
     )
-    design.meta = {
-        "family": FAMILY,
-        "shape": asdict(shape),
-        "config": asdict(config),
-        "logical_shape": asdict(shape),
-        "macs": 0,
-        "elements": n,
-        "ddr_read_bytes": design.ddr_read_bytes(),
-        "ddr_write_bytes": design.ddr_write_bytes(),
-    }
+    design.meta = rw.design_meta(design, FAMILY, shape, config, n)
     return design
 
 
@@ -149,19 +140,16 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     device = device or npu2()
     n = elements(shape)
     out: list[tuple[tuple, Config]] = []
-    for tiles in (8, 4, 2, 1, 16):
+    for tiles in rw.TILE_CHOICES:
         if tiles > device.n_compute_tiles or n < tiles:
             continue
         chunks = _chunks(n, tiles) or ([n // tiles] if n % tiles == 0 and (n // tiles) % 2 == 0 else [])
         for chunk in [c for c in chunks if l1_bytes(Config(tiles, c)) <= device.compute.memory_bytes][:4]:
             out.append(((tiles > device.columns, -tiles, -chunk), Config(tiles, chunk, 2, "vector")))
     out.sort(key=lambda x: x[0])
-    cands = [c for _, c in out]
-    return cands + [replace(cands[0], variant="scalar")] if cands else []
+    return rw.with_scalar([c for _, c in out])
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
-    cands = candidate_configs(shape, device)
-    if not cands:
-        raise st.shape_error(FAMILY, f"no SwiGLU chunking fits {shape}; rows x width must be even")
-    return cands[0]
+    why = f"no SwiGLU chunking fits {shape}; rows x width must be even"
+    return rw.first_candidate(FAMILY, candidate_configs(shape, device), why)

@@ -1,0 +1,94 @@
+"""Config and meta code the row-wise families share (bias, rope, rmsnorm, swiglu, eltwise).
+
+The five families stream independent rows (or chunks) through up to ``tiles`` compute tiles, one per column
+first (``kernels/_stream.py`` builds the dataflow of four of them; eltwise builds its own). What they also share,
+and keep here once: the config of a row-streaming design (tiles, rows per kernel call, fifo depth, variant), the
+check of a config's named choices, the candidate search (more tiles first, then bigger calls, the scalar variant of
+the best tiling last), the default (the first candidate) and the ``design.meta`` every row-wise design carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
+
+from tilepilot.kernels._stream import shape_error
+from tilepilot.npu.design import Design
+from tilepilot.npu.device import Device
+
+VARIANTS = ("vector", "scalar")
+# Worker counts the candidates try, most first: 8 = one per column of npu2; 16 only where the shims can feed them.
+TILE_CHOICES = (8, 4, 2, 1, 16)
+ROWS_PER_CALL_CHOICES = (16, 8, 4, 2, 1)
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """A row-streaming design: ``tiles`` workers, ``rows_per_call`` rows per kernel call, fifos ``depth`` deep."""
+
+    tiles: int = 8
+    rows_per_call: int = 1
+    depth: int = 2
+    variant: str = "vector"
+
+
+def check_choice(family: str, what: str, value: Any, choices: Sequence[Any]) -> None:
+    """A config or shape field outside its named choices is a SHAPE_NOT_TILING error naming the choices."""
+    if value not in choices:
+        raise shape_error(family, f"{what} {value!r} is unknown; use one of {tuple(choices)}")
+
+
+def first_candidate(family: str, candidates: Sequence[C], why: str) -> C:
+    """The family default: its best-ranked candidate, or an error saying why there is none."""
+    if not candidates:
+        raise shape_error(family, why)
+    return candidates[0]
+
+
+def with_scalar(candidates: list[C]) -> list[C]:
+    """The candidates, then the scalar variant of the best one (timed too, so the tuner sees what vectors buy)."""
+    return candidates + [replace(candidates[0], variant="scalar")] if candidates else []  # type: ignore[type-var]
+
+
+def row_candidates(
+    rows: int, device: Device, l1_bytes: Callable[[Any], int], make: Callable[..., C] = RowConfig
+) -> list[C]:
+    """Configs of ``make(tiles, rows_per_call, 2, "vector")`` over ``rows`` work rows that fit tile memory, more
+    tiles first (up to one per column; more only if the shims allow it), then more rows per call; then the scalar
+    variant of the best."""
+    out: list[tuple[tuple, C]] = []
+    for tiles in TILE_CHOICES:
+        if tiles > device.n_compute_tiles:
+            continue
+        for rpc in ROWS_PER_CALL_CHOICES:
+            if rows % rpc or rows // rpc < tiles:
+                continue
+            cfg = make(tiles, rpc, 2, "vector")
+            if l1_bytes(cfg) <= device.compute.memory_bytes:
+                out.append(((tiles > device.columns, -tiles, -rpc), cfg))
+    out.sort(key=lambda x: x[0])
+    return with_scalar([c for _, c in out])
+
+
+def design_meta(
+    design: Design, family: str, shape: Any, config: Any, elements: int, padded_shape: dict | None = None
+) -> dict[str, Any]:
+    """The ``meta`` of a row-wise design: what it computes, how, and the DDR bytes it moves (no MACs)."""
+    meta: dict[str, Any] = {
+        "family": family,
+        "shape": asdict(shape),
+        "config": asdict(config),
+        "logical_shape": asdict(shape),
+    }
+    if padded_shape is not None:
+        meta["padded_shape"] = padded_shape
+    meta.update(
+        macs=0,
+        elements=elements,
+        ddr_read_bytes=design.ddr_read_bytes(),
+        ddr_write_bytes=design.ddr_write_bytes(),
+    )
+    return meta
