@@ -14,7 +14,7 @@ from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.design import MultiLaunchGroup
 from tilepilot.npu.validate import validate, validate_group
 
-FIGURE_KEYS = ["key", "label", "modeled", "published", "ratio", "unit", "checked", "note"]
+FIGURE_KEYS = ["key", "label", "modeled", "published", "ratio", "unit", "checked", "note", "cv_modeled", "cv_ratio"]
 
 
 def _fig(ratio: float | None, family: str = "gemv", checked: bool = True, key: str = "k") -> ca.Figure:
@@ -31,13 +31,25 @@ def test_report_json_has_the_documented_shape_and_a_stable_order():
         "tolerances",
         "end_to_end",
         "kernels",
+        "cross_validation",
         "limits",
         "fitted_constants",
         "failures",
     ]
     assert d["clock"] == "modeled" and d["published_clock"] == "measured"
     fam = d["kernels"]["eltwise_add"]
-    assert list(fam) == ["status", "rows", "modeled_rows", "median_abs_err", "worst_ratio", "ok", "figures"]
+    assert list(fam) == [
+        "status",
+        "rows",
+        "modeled_rows",
+        "median_abs_err",
+        "worst_ratio",
+        "ok",
+        "cv_median_abs_err",
+        "cv_worst_ratio",
+        "figures",
+    ]
+    assert d["cross_validation"] is None and fam["cv_median_abs_err"] is None  # not computed by run() alone
     assert fam["rows"] == 8 and fam["status"] == "modeled"
     for f in fam["figures"]:
         assert list(f) == FIGURE_KEYS
@@ -135,16 +147,17 @@ def test_end_to_end_figures_cover_the_published_llama_numbers():
 
 
 def test_calibrate_command_json_and_exit_code(capsys, monkeypatch):
-    code = main(["calibrate", "--json", "--table", "eltwise_add", "--no-end-to-end"])
+    code = main(["calibrate", "--json", "--table", "eltwise_add", "--no-end-to-end", "--no-cv"])
     out = json.loads(capsys.readouterr().out)
     assert code == (0 if out["passed"] else 1)
     assert list(out["kernels"]) == ["eltwise_add"]
 
     failing = ca.CalibrationReport({"gemv": [_fig(3.0)]}, [])
     monkeypatch.setattr(ca, "run", lambda **kw: failing)
-    assert main(["calibrate", "--json"]) == 1
+    monkeypatch.setattr(ca, "kernel_rows", lambda **kw: {})
+    assert main(["calibrate", "--json", "--no-cv"]) == 1
     assert json.loads(capsys.readouterr().out)["failures"]
-    assert main(["calibrate", "--rows"]) == 1
+    assert main(["calibrate", "--rows", "--no-cv"]) == 1
     human = capsys.readouterr().out
     assert "modeled" in human and "FAIL" in human
 

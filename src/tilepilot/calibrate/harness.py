@@ -37,7 +37,7 @@ from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.calibration import CALIBRATION, FITTED, Calibration
 from tilepilot.npu.design import Design, MultiLaunchGroup
 from tilepilot.npu.device import Device, npu2
-from tilepilot.npu.timing import time_group
+from tilepilot.npu.timing import GroupProfile, group_profile, time_group_profile
 from tilepilot.npu.validate import DesignError, validate, validate_group
 from tilepilot.plan.builtin import iron_like_plan, paper_like_plan
 from tilepilot.runtime.timing import time_plan
@@ -171,10 +171,19 @@ class CalibrationReport:
     end_to_end: list[Figure]
     limits: list[Limit] = field(default_factory=list)
     calibration: Calibration = CALIBRATION
+    # Cross-validation (calibrate/crossval.py attaches it): each row timed with the constants fitted without its
+    # fold (table -> figures, same order as ``kernels``), and how that was done.
+    held_out: dict[str, list[Figure]] | None = None
+    cross_validation: dict[str, Any] | None = None
 
     @property
     def families(self) -> dict[str, FamilySummary]:
         return {fam: summarize(fam, figs) for fam, figs in self.kernels.items()}
+
+    @property
+    def cv_families(self) -> dict[str, FamilySummary]:
+        """Per table, the summary of the held-out predictions (empty without cross-validation)."""
+        return {fam: summarize(fam, figs) for fam, figs in (self.held_out or {}).items()}
 
     def failures(self) -> list[str]:
         out = []
@@ -215,13 +224,26 @@ class CalibrationReport:
                 "end_to_end_abs_err": END_TO_END_ABS_ERR,
             },
             "end_to_end": [f.to_dict() for f in self.end_to_end],
-            "kernels": {
-                fam: {**fams[fam].to_dict(), "figures": [f.to_dict() for f in figs]}
-                for fam, figs in self.kernels.items()
-            },
+            "kernels": {fam: self._family_dict(fam, figs, fams[fam]) for fam, figs in self.kernels.items()},
+            "cross_validation": self.cross_validation,
             "limits": [lim.to_dict() for lim in self.limits],
             "fitted_constants": fitted_values(self.calibration),
             "failures": self.failures(),
+        }
+
+    def _family_dict(self, fam: str, figs: list[Figure], summary: FamilySummary) -> dict[str, Any]:
+        """In-sample summary, then the cross-validated one (None when not computed), then the rows with both."""
+        cv = self.cv_families.get(fam)
+        held = {f.key: f for f in (self.held_out or {}).get(fam, [])}
+        rows = []
+        for f in figs:
+            h = held.get(f.key)
+            rows.append({**f.to_dict(), "cv_modeled": h.modeled if h else None, "cv_ratio": h.ratio if h else None})
+        return {
+            **summary.to_dict(),
+            "cv_median_abs_err": cv.median_abs_err if cv else None,
+            "cv_worst_ratio": cv.worst_ratio if cv else None,
+            "figures": rows,
         }
 
 
@@ -244,11 +266,22 @@ class KernelRow:
     build: Callable[[], Design | MultiLaunchGroup] | None
     note: str = ""
     obj: Design | MultiLaunchGroup | None = None
+    _profile: GroupProfile | None = None
 
     def design(self) -> Design | MultiLaunchGroup | None:
         if self.obj is None and self.build is not None:
             self.obj = self.build()
         return self.obj
+
+    def families(self) -> set[str]:
+        """Kernel families of the row's launches (a fused-cast GEMM row also has its cast's eltwise launch)."""
+        return _families_in(self.design()) - {"None"}
+
+    def profile(self) -> GroupProfile | None:
+        """The row's dispatch reduced to what the timing model reads: built once, timed under any calibration."""
+        if self._profile is None and self.design() is not None:
+            self._profile = group_profile(self.obj)
+        return self._profile
 
 
 def _family(name: str):
@@ -525,7 +558,14 @@ def time_row(row: KernelRow, cal: Calibration = CALIBRATION) -> Figure:
     )
     if extra:
         note = f"{extra}; {note}" if note else extra
-    return Figure(row.key, row.family, row.label, row.published, time_group(obj, cal).seconds, note)
+    return Figure(
+        row.key,
+        row.family,
+        row.label,
+        row.published,
+        time_group_profile(row.profile(), cal, detail=False).seconds,
+        note,
+    )
 
 
 def kernel_figures(rows: dict[str, list[KernelRow]], cal: Calibration = CALIBRATION) -> dict[str, list[Figure]]:
@@ -645,26 +685,23 @@ def run(
     return CalibrationReport(kernels, e2e, limit_checks(device), cal)
 
 
-# Fitted constants the per-kernel rows determine. The host-side constants (host copy speed, sync cost, CPU
-# estimate, launch-in-group cost) are only visible end to end and keep their hand-fitted values (calibration.py
-# names their sources).
+# Fitted constants the per-kernel rows determine (the free ones of a fit choice: calibrate/crossval.py). The
+# host-side constants are only visible end to end and are fitted there.
 KERNEL_FIT_PARAMS: tuple[str, ...] = (
     "dispatch_overhead_s",
     "tile_config_s",
     "ddr_bytes_per_s",
     "shim_channel_bytes_per_s",
 )
-# Second stage, end to end: constants only the plans see (launches inside a dispatch, host syncs, CPU estimate),
-# plus the attention efficiency, which the kernel rows (15.4-16.1 ms standalone) and the deployment's flash_attn
-# group (21.6 ms per layer) pull apart; the joint objective settles it between them.
+# Second stage, end to end (Llama-3.2-1B only): the constants the kernel rows cannot see or barely see (launches
+# inside one dispatch, host syncs and copies, the CPU rate). Its loss is the end-to-end figures alone, so no kernel
+# row informs these and no end-to-end figure moves a kernel constant: the kernel rows' cross-validation is then the
+# cross-validation of the constants they are timed with.
 E2E_FIT_PARAMS: tuple[str, ...] = (
     "launch_in_group_s",
-    "shim_channel_bytes_per_s",
     "host_cpu_bytes_per_s",
     "host_copy_bytes_per_s",
     "host_sync_fixed_s",
-    "eff:attention",
-    "eff:gemv",
 )
 # The grid one coordinate step walks: the current value times 2**(i/4), i = -10..10 (0.18x .. 5.7x), wide enough to
 # cross the plateau where a constant does not bind yet (e.g. an efficiency above the point where compute matters).
@@ -744,8 +781,8 @@ def fit(
     Designs are built once; an efficiency trial re-times only the tables whose designs use that family.
     """
     rows = rows if rows is not None else kernel_rows()
-    uses = {t: set().union(*(_families_in(r.design()) for r in rs)) if rs else set() for t, rs in rows.items()}
-    families = sorted(set().union(*uses.values()) - {"None"})
+    uses = {t: set().union(*(r.families() for r in rs)) if rs else set() for t, rs in rows.items()}
+    families = sorted(set().union(*uses.values()))
     names = list(params) if params is not None else list(KERNEL_FIT_PARAMS) + [f"eff:{f}" for f in families]
     evals = 0
     table_losses = {t: table_loss([time_row(r, cal) for r in rs]) for t, rs in rows.items()}
@@ -792,25 +829,23 @@ def e2e_loss(figures: Sequence[Figure]) -> float:
 
 
 def fit_end_to_end(
-    rows: dict[str, list[KernelRow]] | None = None,
     cal: Calibration = CALIBRATION,
     *,
     rounds: int = 3,
     params: Sequence[str] = E2E_FIT_PARAMS,
     progress: Callable[[str], None] | None = None,
 ) -> FitResult:
-    """Second stage: coordinate search over ``E2E_FIT_PARAMS`` against end-to-end + per-kernel loss (same grid).
+    """Second stage: coordinate search over ``E2E_FIT_PARAMS`` against the end-to-end figures (same grid).
 
-    The plans are timed analytically with CPU groups estimated (deterministic). Slow (each trial times both
+    The plans are timed analytically with CPU groups modeled (deterministic). Slow (each trial times both
     Llama-3.2-1B plans, ~1 s): a command, never a test.
     """
-    rows = rows if rows is not None else kernel_rows()
     evals = 0
 
     def score(c: Calibration) -> float:
         nonlocal evals
         evals += 1
-        return e2e_loss(end_to_end_figures(c)) + loss(kernel_figures(rows, c))
+        return e2e_loss(end_to_end_figures(c))
 
     start = best = cal
     first = best_loss = score(cal)
@@ -835,12 +870,3 @@ def fit_end_to_end(
             break
     changes = {n: (_value(start, n), _value(best, n)) for n in params if _value(start, n) != _value(best, n)}
     return FitResult(best, first, best_loss, changes, evals)
-
-
-def fit_all(progress: Callable[[str], None] | None = None) -> tuple[FitResult, FitResult]:
-    """Both stages from the current constants: per-kernel rows first, then end to end. Reproducible: the same
-    reference files and starting constants give the same result."""
-    rows = kernel_rows()
-    first = fit(rows, CALIBRATION, progress=progress)
-    second = fit_end_to_end(rows, first.calibration, progress=progress)
-    return first, second

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tilepilot.calibrate import crossval
 from tilepilot.calibrate import harness as ca
 from tilepilot.calibrate.predict import predict, render
 
@@ -37,6 +38,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="only these measurement tables (repeatable; default all)",
     )
     p.add_argument("--no-end-to-end", action="store_true", help="skip the Llama-3.2-1B plan figures")
+    p.add_argument(
+        "--no-cv",
+        action="store_true",
+        help=f"skip the cross-validation ({crossval.FOLDS} refits of the kernel constants, each without one fold of "
+        "the rows; ~half a minute)",
+    )
     p.add_argument(
         "--cpu",
         choices=("modeled", "estimated", "measured"),
@@ -64,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
         return _fit(args)
     progress = None if args.json else _status()
     with progress or _Null():
-        report = ca.run(tables=args.table, end_to_end=not args.no_end_to_end, cpu=args.cpu)
+        rows = ca.kernel_rows(tables=args.table)
+        report = ca.run(rows=rows, end_to_end=not args.no_end_to_end, cpu=args.cpu)
+        if not args.no_cv:
+            crossval.attach(report, rows)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
@@ -76,13 +86,17 @@ def _fit(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    kernel, e2e = ca.fit_all(progress=None if args.json else say)
+    full = crossval.fit_all(progress=None if args.json else say)
+    kernel, e2e = full.kernel, full.end_to_end
     proposed = ca.fitted_values(e2e.calibration)
+    choices = {c.choice.name: {"cv_loss": c.loss, "free_constants": list(c.choice.params)} for c in full.choices}
     if args.json:
         out = {
+            "fit_choices": choices,
+            "chosen": full.chosen.choice.name,
             "kernel_stage": {"loss_before": kernel.loss_before, "loss_after": kernel.loss_after},
             "end_to_end_stage": {"loss_before": e2e.loss_before, "loss_after": e2e.loss_after},
-            "changes": {k: list(v) for k, v in {**kernel.changes, **e2e.changes}.items()},
+            "changes_from_prior": {k: list(v) for k, v in {**kernel.changes, **e2e.changes}.items()},
             "proposed": proposed,
         }
         print(json.dumps(out, indent=1, default=str))
@@ -91,9 +105,16 @@ def _fit(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
-    t = Table(title="Fitted constants proposed by the fit (freeze them in npu/calibration.py)")
+    c = Table(title="Fit choices by cross-validated loss (lowest wins)")
+    for col in ("choice", "free constants", "CV loss"):
+        c.add_column(col)
+    for name, body in choices.items():
+        mark = " (chosen)" if name == full.chosen.choice.name else ""
+        c.add_row(name + mark, ", ".join(body["free_constants"]), f"{body['cv_loss']:.5f}")
+    console.print(c)
+    t = Table(title="Fitted constants proposed by the fit from the prior (freeze them in npu/calibration.py)")
     t.add_column("constant")
-    t.add_column("current", justify="right")
+    t.add_column("prior", justify="right")
     t.add_column("fitted", justify="right")
     for name, (old, new) in {**kernel.changes, **e2e.changes}.items():
         t.add_row(name, f"{old:.4g}", f"{new:.4g}")
@@ -149,32 +170,45 @@ def _print(report: ca.CalibrationReport, rows: bool) -> None:
             t.add_row(f.label, _fmt_s(f.modeled), _fmt_s(f.published), _ratio(f.ratio, bad), mark or "info")
         console.print(t)
     t = Table(title="Per kernel family: modeled vs measured NPU2 latency (AIR kernel registry)")
-    for col in ("table", "family", "rows", "median |err|", "worst ratio", ""):
+    cols = ("table", "family", "rows", "median |err|", "worst", "CV median", "CV worst", "")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("table", "family") else "right")
-    fams = report.families
+    fams, cv = report.families, report.cv_families
     for table, figs in report.kernels.items():
         s = fams[table]
         fam = figs[0].family if figs else table
         if s.status == "not modeled yet":
-            t.add_row(table, fam, str(s.rows), "-", "-", "[yellow]not modeled yet[/]")
+            t.add_row(table, fam, str(s.rows), "-", "-", "-", "-", "[yellow]not modeled yet[/]")
             continue
+        c = cv.get(table)
         t.add_row(
             table,
             fam,
             f"{s.modeled_rows}/{s.rows}",
-            f"{s.median_abs_err:.0%}",
+            f"{s.median_abs_err:.1%}",
             f"{s.worst_ratio:.2f}",
+            "-" if c is None or c.median_abs_err is None else f"{c.median_abs_err:.1%}",
+            "-" if c is None or c.worst_ratio is None else f"{c.worst_ratio:.2f}",
             "ok" if s.ok else "[red]FAIL[/]",
         )
     console.print(t)
+    if report.cross_validation:
+        x = report.cross_validation
+        console.print(
+            f"cross-validated (CV): {escape(x['method'])}; fit choice {x['choice']!r} "
+            f"(free: {', '.join(x['free_constants'])}); CV loss {x['cv_loss']:.4f}. In-sample: the frozen constants."
+        )
     if rows:
         d = Table(title="Kernel rows (modeled vs measured)")
-        for col in ("row", "modeled", "measured", "ratio", "note"):
-            d.add_column(col, justify="right" if col in ("modeled", "measured", "ratio") else "left")
-        for figs in report.kernels.values():
+        for col in ("row", "modeled", "measured", "ratio", "CV ratio", "note"):
+            d.add_column(col, justify="right" if col in ("modeled", "measured", "ratio", "CV ratio") else "left")
+        for table, figs in report.kernels.items():
+            held = {h.key: h for h in (report.held_out or {}).get(table, [])}
             for f in figs:
                 bad = f.ratio is not None and not (1 / ca.KERNEL_MAX_RATIO <= f.ratio <= ca.KERNEL_MAX_RATIO)
-                d.add_row(f.label, _fmt_s(f.modeled), _fmt_s(f.published), _ratio(f.ratio, bad), f.note)
+                h = held.get(f.key)
+                cvr = "-" if h is None or h.ratio is None else f"{h.ratio:.2f}"
+                d.add_row(f.label, _fmt_s(f.modeled), _fmt_s(f.published), _ratio(f.ratio, bad), cvr, f.note)
         console.print(d)
     for lim in report.limits:
         status = "ok" if lim.ok else "[red]FAIL[/]"

@@ -203,6 +203,24 @@ FITTED: tuple[str, ...] = tuple(f.name for f in fields(Calibration) if f.name no
 
 CALIBRATION = Calibration()
 
+# Where a fit starts when it must not know the rows it is judged on (cross-validation, calibrate/crossval.py): every
+# constant the kernel rows determine set to a figure published OUTSIDE the kernel registry, or to its documented
+# estimate; the other constants as frozen. A fold's fit starts here, so a held-out row informs nothing it is
+# judged with (neither the start nor the fit).
+PRIOR = replace(
+    CALIBRATION,
+    # xdna2.md: an empty XRT kernel ~45 us, a trivial one ~60 us (kernel() + wait(); mlir-aie #2381, XRT #9018).
+    dispatch_overhead_s=60e-6,
+    # ESTIMATE: ~1 us to write one tile's program, BDs, locks and switch routes (the first hand estimate, 0.94 us).
+    tile_config_s=0.94e-6,
+    # xdna2.md: AIR's fused decode streams 35.7 GB/s of weights on 4 shim MM2S channels -> 8.9 GB/s per channel.
+    shim_channel_bytes_per_s=35.7e9 / 4,
+    # xdna2.md: LPDDR5X-7500, ~120 GB/s theoretical; ESTIMATE half of it usable by the NPU.
+    ddr_bytes_per_s=60e9,
+    # ESTIMATE: every family's inner loop at half its peak before any row is seen (the grid searches 1 .. 2**-10).
+    efficiency_table=tuple((name, 0.5) for name, _ in _EFFICIENCY_TABLE),
+)
+
 
 def physical_constants(device: Device) -> dict[str, float]:
     """The device's hardware figures the timing model reads (sources in npu/device.py), for reports."""

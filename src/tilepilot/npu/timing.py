@@ -37,6 +37,7 @@ full model whose layers repeat the same designs times in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -272,6 +273,12 @@ def time_group(group: MultiLaunchGroup | Design | Sequence[Design], cal: Calibra
 
     Accepts a multi-launch group, a single design (a dispatch of one launch) or a list of designs.
     """
+    name, designs = _launches(group)
+    timings = tuple(time_design(d, cal) for d in designs)
+    return _group_timing(name, timings, sum(tiles_configured(d) for d in designs), cal)
+
+
+def _launches(group: MultiLaunchGroup | Design | Sequence[Design]) -> tuple[str, list[Design]]:
     if isinstance(group, MultiLaunchGroup):
         name, designs = group.name, list(group.designs)
     elif isinstance(group, Design):
@@ -281,11 +288,35 @@ def time_group(group: MultiLaunchGroup | Design | Sequence[Design], cal: Calibra
         name = "+".join(d.name for d in designs)
     if not designs:
         raise InputError(f"Dispatch {name!r} holds no launches; give it at least one design.")
-    timings = tuple(time_design(d, cal) for d in designs)
-    config = sum(tiles_configured(d) for d in designs) * cal.tile_config_s
-    extra = (len(timings) - 1) * cal.launch_in_group_s + config
+    return name, designs
+
+
+def _group_timing(name: str, timings: tuple[DesignTiming, ...], tiles: int, cal: Calibration) -> GroupTiming:
+    extra = (len(timings) - 1) * cal.launch_in_group_s + tiles * cal.tile_config_s
     seconds = cal.dispatch_overhead_s + extra + sum(t.seconds for t in timings)
     return GroupTiming(name, seconds, cal.dispatch_overhead_s, extra, timings)
+
+
+@dataclass(frozen=True, eq=False)
+class GroupProfile:
+    """A dispatch reduced to its launches' profiles and the tiles it configures: time it under many calibrations
+    with ``time_group_profile`` without re-reading the designs (what a fit does)."""
+
+    name: str
+    designs: tuple[tuple[str, DesignProfile], ...]
+    tiles: int
+
+
+def group_profile(group: MultiLaunchGroup | Design | Sequence[Design]) -> GroupProfile:
+    """The profile of a dispatch (same inputs as ``time_group``)."""
+    name, designs = _launches(group)
+    return GroupProfile(name, tuple((d.name, profile(d)) for d in designs), sum(tiles_configured(d) for d in designs))
+
+
+def time_group_profile(gp: GroupProfile, cal: Calibration = CALIBRATION, *, detail: bool = True) -> GroupTiming:
+    """``time_group`` of a profiled dispatch: identical figures, no design read (``detail``: see ``evaluate``)."""
+    timings = tuple(replace(evaluate(p, cal, detail=detail), name=name) for name, p in gp.designs)
+    return _group_timing(gp.name, timings, gp.tiles, cal)
 
 
 def tiles_configured(design: Design) -> int:
@@ -304,33 +335,101 @@ def clear_cache() -> None:
     _time_structure.cache_clear()
 
 
+@dataclass(frozen=True)
+class _WorkerProfile:
+    """What the model needs of one worker that does not depend on the constants (cycles per kernel call)."""
+
+    name: str
+    variant: str
+    macs_per_call: int
+    vector_ops_per_call: int
+    bytes_per_call: int
+    iterations: int
+    calls_per_iteration: int
+    dma_in: float
+    dma_out: float
+    serial: float
+    double_buffered: bool
+
+
+@dataclass(frozen=True, eq=False)
+class DesignProfile:
+    """A design's structure reduced to the numbers the model combines with the constants. Computing it is most of
+    the work of timing a design; evaluating it under a calibration is a few arithmetic operations, which is what
+    makes a fit (hundreds of calibrations over the same designs) and its cross-validation cheap. Identity-hashed."""
+
+    device: Device
+    family: str | None
+    workers: tuple[_WorkerProfile, ...]
+    fixed_limits: tuple[tuple[str, float], ...]  # memory-tile channels: cycles, independent of the constants
+    shim_limits: tuple[tuple[str, float], ...]  # busiest shim channel per shim tile, in bytes
+    ddr_read: int
+    ddr_write: int
+    fill_paths: tuple[tuple[int, float], ...]  # (hops, object-transfer cycles) of every distinct fill path
+    drain_paths: tuple[tuple[int, float], ...]
+    n_groups: int
+    macs: int
+
+    @functools.cached_property
+    def distinct_workers(self) -> tuple[_WorkerProfile, ...]:
+        """One worker per distinct timing (a 32-tile GEMM has one): all a fit needs to find the slowest."""
+        seen: dict[tuple, _WorkerProfile] = {}
+        for w in self.workers:
+            seen.setdefault(dataclasses.astuple(replace(w, name="")), w)
+        return tuple(seen.values())
+
+
 @functools.lru_cache(maxsize=8192)
-def _time_structure(s: Structure, cal: Calibration) -> DesignTiming:
+def _profile(s: Structure) -> DesignProfile:
     dev = s.device
     bpc = float(dev.stream_bytes_per_cycle)
     fifos = {f.name: f for f in s.fifos}
     _check_names(s, fifos)
     fifo_bytes = _bytes_through_fifos(s, fifos)
-
-    workers = tuple(_time_worker(w, s, fifos, dev, cal) for w in s.workers)
-
-    limits: list[tuple[str, float, str]] = []  # (resource, cycles, bound kind)
-    for wt in workers:
-        limits.append((f"worker {wt.name}", wt.total_cycles, wt.bound))
-    limits += _mem_tile_limits(s, fifo_bytes, dev, bpc)
-    # A shim channel streams 8 B/cycle into the array but fetches from DDR through the NoC, which caps one channel.
-    limits += _shim_limits(s, fifos, dev, min(bpc, cal.shim_channel_bytes_per_s / dev.clock_hz))
+    workers = tuple(_worker_profile(w, fifos, dev) for w in s.workers)
+    fixed = tuple((name, cyc) for name, cyc, _ in _mem_tile_limits(s, fifo_bytes, dev, bpc))
+    # A shim channel streams 8 B/cycle into the array but fetches from DDR through the NoC, which caps one channel;
+    # the busiest channel is kept in bytes so the rate is applied at evaluation.
+    shim = tuple((name, cyc) for name, cyc, _ in _shim_limits(s, fifos, dev, 1.0))
     ddr_read = max(sum(t.nbytes for t in s.tasks if t.kind == "fill"), s.meta_ddr_bytes[0])
     ddr_write = max(sum(t.nbytes for t in s.tasks if t.kind == "drain"), s.meta_ddr_bytes[1])
-    limits.append(("ddr", (ddr_read + ddr_write) / cal.ddr_bytes_per_s * dev.clock_hz, "ddr"))
+    fills = _pareto({p for w in s.workers for f in w.inputs for p in _paths(f, s, fifos, bpc, _producer_link)})
+    drains = _pareto({p for w in s.workers for f in w.outputs for p in _paths(f, s, fifos, bpc, _consumer_link)})
+    macs = sum(w.macs_per_call * w.calls_per_iteration * w.iterations for w in s.workers)
+    return DesignProfile(
+        dev, s.family, workers, fixed, shim, ddr_read, ddr_write, fills, drains, len({t.group for t in s.tasks}), macs
+    )
+
+
+def profile(design: Design) -> DesignProfile:
+    """The constant-independent summary of ``design`` (memoized on its structure)."""
+    return _profile(structure(design))
+
+
+@functools.lru_cache(maxsize=8192)
+def _time_structure(s: Structure, cal: Calibration) -> DesignTiming:
+    return evaluate(_profile(s), cal)
+
+
+def evaluate(p: DesignProfile, cal: Calibration, *, detail: bool = True) -> DesignTiming:
+    """Modeled time of one launch of a profiled design under ``cal`` (see the module docstring for the terms).
+
+    ``detail=False`` (a fit's inner loop) times each distinct worker once and reports only those: the same
+    seconds, cycles and bound, fewer ``workers`` and ``limits`` entries."""
+    dev = p.device
+    workers = tuple(_time_worker(w, p.family, dev, cal) for w in (p.workers if detail else p.distinct_workers))
+    limits: list[tuple[str, float, str]] = [(f"worker {wt.name}", wt.total_cycles, wt.bound) for wt in workers]
+    limits += [(name, cyc, "dma") for name, cyc in p.fixed_limits]
+    shim_bpc = min(float(dev.stream_bytes_per_cycle), cal.shim_channel_bytes_per_s / dev.clock_hz)
+    limits += [(name, b / shim_bpc, "dma") for name, b in p.shim_limits]
+    limits.append(("ddr", (p.ddr_read + p.ddr_write) / cal.ddr_bytes_per_s * dev.clock_hz, "ddr"))
 
     resource, steady, bound = max(limits, key=lambda x: x[1]) if limits else ("none", 0.0, "compute")
-    fill = max((_fill_path(f, s, fifos, bpc, cal) for w in s.workers for f in w.inputs), default=0.0)
-    drain = max((_drain_path(f, s, fifos, bpc, cal) for w in s.workers for f in w.outputs), default=0.0)
-    n_groups = len({t.group for t in s.tasks})
-    bubbles = max(n_groups - 1, 0) * (fill + drain)
+    hop = cal.dma_hop_latency_cycles
+    fill = max((n * hop + b for n, b in p.fill_paths), default=0.0)
+    drain = max((n * hop + b for n, b in p.drain_paths), default=0.0)
+    bubbles = max(p.n_groups - 1, 0) * (fill + drain)
     cycles = fill + steady + drain + bubbles
-    macs = sum(w.macs_per_call * w.calls_per_iteration * w.iterations for w in s.workers)
     return DesignTiming(
         name="",
         seconds=cycles / dev.clock_hz,
@@ -340,13 +439,18 @@ def _time_structure(s: Structure, cal: Calibration) -> DesignTiming:
         steady_cycles=steady,
         bound=bound,
         limiter=resource,
-        macs=macs,
-        ddr_read_bytes=ddr_read,
-        ddr_write_bytes=ddr_write,
+        macs=p.macs,
+        ddr_read_bytes=p.ddr_read,
+        ddr_write_bytes=p.ddr_write,
         workers=workers,
         limits=tuple((name, cyc) for name, cyc, _ in limits),
         clock_hz=dev.clock_hz,
     )
+
+
+def _pareto(paths: set[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Drop paths that no hop latency can make the longest (another has as many hops and as many bytes)."""
+    return tuple(sorted(p for p in paths if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in paths)))
 
 
 def _check_names(s: Structure, fifos: dict[str, _Fifo]) -> None:
@@ -398,7 +502,7 @@ def _busiest_channel(loads: Sequence[float], channels: int) -> float:
     return max(bins)
 
 
-def _time_worker(w: _Worker, s: Structure, fifos: dict[str, _Fifo], dev: Device, cal: Calibration) -> WorkerTiming:
+def _worker_profile(w: _Worker, fifos: dict[str, _Fifo], dev: Device) -> _WorkerProfile:
     bpc = float(dev.stream_bytes_per_cycle)
     acq = dict(w.acquires)
     calls = w.calls_per_iteration
@@ -407,19 +511,35 @@ def _time_worker(w: _Worker, s: Structure, fifos: dict[str, _Fifo], dev: Device,
         # A fifo between neighbouring workers lives in shared tile memory: the core reads it, no DMA moves it.
         return 0.0 if fifos[f].shared else fifos[f].obj_bytes * acq.get(f, 1) / calls
 
-    compute = compute_cycles_per_call(
-        w.variant, w.macs_per_call, w.vector_ops_per_call, w.bytes_per_call, s.family, dev, cal
-    )
-    in_loads = [per_call(f) / bpc for f in w.inputs]
-    out_loads = [per_call(f) / bpc for f in w.outputs]
-    dma_in = _busiest_channel(in_loads, dev.compute.s2mm_channels)
-    dma_out = _busiest_channel(out_loads, dev.compute.mm2s_channels)
+    dma_in = _busiest_channel([per_call(f) / bpc for f in w.inputs], dev.compute.s2mm_channels)
+    dma_out = _busiest_channel([per_call(f) / bpc for f in w.outputs], dev.compute.mm2s_channels)
     # Single-buffered fifos make the core wait: after a call releases its buffers, the refill of the inputs and
     # the drain of the outputs run in parallel (own channels), and the next call starts when both are done.
     serial = max(
         _busiest_channel([per_call(f) / bpc for f in w.inputs if fifos[f].depth < 2], dev.compute.s2mm_channels),
         _busiest_channel([per_call(f) / bpc for f in w.outputs if fifos[f].depth < 2], dev.compute.mm2s_channels),
     )
+    return _WorkerProfile(
+        w.name,
+        w.variant,
+        w.macs_per_call,
+        w.vector_ops_per_call,
+        w.bytes_per_call,
+        w.iterations,
+        calls,
+        dma_in,
+        dma_out,
+        serial,
+        all(fifos[f].depth >= 2 for f in w.inputs + w.outputs),
+    )
+
+
+def _time_worker(w: _WorkerProfile, family: str | None, dev: Device, cal: Calibration) -> WorkerTiming:
+    calls = w.calls_per_iteration
+    compute = compute_cycles_per_call(
+        w.variant, w.macs_per_call, w.vector_ops_per_call, w.bytes_per_call, family, dev, cal
+    )
+    dma_in, dma_out, serial = w.dma_in, w.dma_out, w.serial
     call = max(compute + serial, dma_in, dma_out)
     bound = "compute" if compute + serial >= max(dma_in, dma_out) and compute >= serial else "dma"
     return WorkerTiming(
@@ -430,7 +550,7 @@ def _time_worker(w: _Worker, s: Structure, fifos: dict[str, _Fifo], dev: Device,
         dma_in_cycles=dma_in * calls,
         dma_out_cycles=dma_out * calls,
         iteration_cycles=call * calls,
-        double_buffered=all(fifos[f].depth >= 2 for f in w.inputs + w.outputs),
+        double_buffered=w.double_buffered,
         bound=bound,
         macs=w.macs_per_call * calls * w.iterations,
     )
@@ -509,24 +629,16 @@ def _consumer_link(s: Structure, fifo: str) -> FifoLink | None:
     return next((lk for lk in s.links if fifo in lk.srcs), None)
 
 
-def _fill_path(fifo: str, s: Structure, fifos: dict[str, _Fifo], bpc: float, cal: Calibration, depth: int = 0) -> float:
-    """Cycles until the first object of ``fifo`` is in place: one hop per link back to the shim."""
-    hop = cal.dma_hop_latency_cycles + fifos[fifo].obj_bytes / bpc
-    lk = _producer_link(s, fifo)
+def _paths(fifo: str, s: Structure, fifos: dict[str, _Fifo], bpc: float, next_link, depth: int = 0) -> set:
+    """(hops, object-transfer cycles) of every path from ``fifo`` through links to the shim: one hop per link, each
+    paying the DMA hop latency (a constant, applied at evaluation) and its object's transfer. ``next_link`` is
+    ``_producer_link`` (fill: back towards the source) or ``_consumer_link`` (drain: on to the sink)."""
+    own = fifos[fifo].obj_bytes / bpc
+    lk = next_link(s, fifo)
     if lk is None or depth > len(s.links):
-        return hop
-    return hop + max(_fill_path(src, s, fifos, bpc, cal, depth + 1) for src in lk.srcs)
-
-
-def _drain_path(
-    fifo: str, s: Structure, fifos: dict[str, _Fifo], bpc: float, cal: Calibration, depth: int = 0
-) -> float:
-    """Cycles for the last object of ``fifo`` to reach its final consumer (DDR through the shim, usually)."""
-    hop = cal.dma_hop_latency_cycles + fifos[fifo].obj_bytes / bpc
-    lk = _consumer_link(s, fifo)
-    if lk is None or depth > len(s.links):
-        return hop
-    return hop + max(_drain_path(dst, s, fifos, bpc, cal, depth + 1) for dst in lk.dsts)
+        return {(1, own)}
+    ends = lk.srcs if next_link is _producer_link else lk.dsts
+    return {(n + 1, b + own) for f in ends for n, b in _paths(f, s, fifos, bpc, next_link, depth + 1)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
