@@ -47,7 +47,8 @@ def test_a_held_out_row_does_not_inform_its_own_prediction(rows):
             if a.key in held:
                 assert a.modeled == b.modeled, a.key
                 assert b.published == pytest.approx(3.0 * a.published)
-    others = [(a.modeled, b.modeled) for t in rows for a, b in zip(base.figures[t], moved.figures[t]) if a.key not in held]
+    pairs = [p for t in rows for p in zip(base.figures[t], moved.figures[t], strict=True)]
+    others = [(a.modeled, b.modeled) for a, b in pairs if a.key not in held]
     assert any(x != y for x, y in others), "the other folds train on fold 0's rows, so their fits must move"
     params = CHOICE.expand(rows)
     in_sample = ca.fit(rows, PRIOR, rounds=2, params=params).calibration
