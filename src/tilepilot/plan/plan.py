@@ -54,15 +54,39 @@ class KernelGroup:
         return self.where == "npu" and any(c.family != KV_FAMILY for c in self.calls)
 
 
+# AIR's fused decode compiles its attention for a padded KV readback of ATTN_MAXL = 2048 positions
+# (reference/xdna2.md, "AIR's own 4-bit deployments"): one dispatch has one program, so the readback length is fixed.
+KV_TEMPLATE_ROWS = 2048
+
+
 @dataclass
 class StagePlan:
-    """Groups of one block (repeated for every layer) and of the head, in execution order."""
+    """Groups of one block (repeated for every layer) and of the head, in execution order.
+
+    ``one_dispatch``: the whole pass (every layer's groups, then the head's) is a single NPU dispatch, as AIR's fused
+    decode runs 16 layers and the LM head per token; every group must then be on the NPU. ``kv_windows``: the KV
+    readback templates of such a dispatch (its attention launches stream ``kv_readback(context)`` rows per layer,
+    the smallest window holding the context); empty = each attention launch reads exactly the context.
+    """
 
     block: list[KernelGroup]
     head: list[KernelGroup]
+    one_dispatch: bool = False
+    kv_windows: list[int] = field(default_factory=list)
 
     def groups(self) -> list[KernelGroup]:
         return self.block + self.head
+
+    def kv_readback(self, context: int) -> int:
+        """KV rows one attention launch streams at ``context`` cached positions: the smallest template window that
+        holds them; past the largest, the context rounded up to a multiple of it (one template per multiple)."""
+        if not self.kv_windows:
+            return context
+        fit = [w for w in sorted(self.kv_windows) if w >= context]
+        if fit:
+            return fit[0]
+        top = max(self.kv_windows)
+        return -(-context // top) * top
 
 
 @dataclass
@@ -100,11 +124,16 @@ class DeploymentPlan:
         return self.prefill if stage == "prefill" else self.decode
 
     def dispatches_per_layer(self, stage: str) -> int:
+        """Dispatches each layer starts (0 when the stage is one dispatch per pass: no layer starts its own)."""
+        if self.stage(stage).one_dispatch:
+            return 0
         return sum(g.is_dispatch for g in self.stage(stage).block)
 
     def dispatches_per_token(self, stage: str) -> int:
         """NPU dispatches of one forward pass (all layers plus the head)."""
         st = self.stage(stage)
+        if st.one_dispatch:
+            return 1
         n_layers = int(self.spec["n_layers"])
         return n_layers * self.dispatches_per_layer(stage) + sum(g.is_dispatch for g in st.head)
 
@@ -169,7 +198,12 @@ def _stage_from_dict(d: dict[str, Any]) -> StagePlan:
             for g in items
         ]
 
-    return StagePlan(block=groups(d["block"]), head=groups(d["head"]))
+    return StagePlan(
+        block=groups(d["block"]),
+        head=groups(d["head"]),
+        one_dispatch=bool(d.get("one_dispatch", False)),
+        kv_windows=[int(w) for w in d.get("kv_windows", [])],
+    )
 
 
 def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[str]:
@@ -190,6 +224,13 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
         wf = WeightFormat()
     for stage in STAGES:
         st = plan.stage(stage)
+        if st.one_dispatch and any(g.where != "npu" for g in st.groups()):
+            cpu = [g.name for g in st.groups() if g.where != "npu"]
+            problems.append(f"{stage} is one dispatch but groups {cpu} run on the CPU; move them to the NPU first")
+        if any(not isinstance(w, int) or w < 1 for w in st.kv_windows):
+            problems.append(f"{stage} kv_windows {st.kv_windows} must be positive row counts")
+        elif st.kv_windows and not st.one_dispatch:
+            problems.append(f"{stage} has kv_windows but is not one dispatch; windows are templates of a fused pass")
         for part, groups, expected, external in (
             ("block", st.block, graph.block_ops, {LAYER_INPUT}),
             ("head", st.head, graph.head_ops, {LAYER_INPUT}),

@@ -257,6 +257,8 @@ class NpuRunner:
         self.trace.add("host", "embed+rope_tables", time.perf_counter() - t0, stage=stage)
 
         kv = KVState(cache=self.cache)
+        fused = stage_plan.one_dispatch
+        self.dispatcher.begin_pass(fused, stage_plan.kv_readback if fused else None)
         outputs: list[torch.Tensor] | None = [] if capture else None
         x = x_buf
         for layer in range(s.n_layers):
@@ -271,6 +273,7 @@ class NpuRunner:
         head_pass = Pass(stage=stage, start=start, rows=1 if last_only else rows, dry=self.dry)
         env = {LAYER_INPUT: x}
         self.dispatcher.run(stage_plan.head, env, self._head, head_pass, None, kv, tables)
+        self.dispatcher.end_pass(one_dispatch_name(stage), stage)
         logits_buf = env[self.graph.head[-1].output]
         self.dispatcher.set_stage(stage)
         logits = self.pool.host_view(logits_buf).float()
@@ -343,6 +346,11 @@ class NpuRunner:
             dispatches_prefill=dispatches_prefill,
             dispatches_decode=dispatches_decode,
         )
+
+
+def one_dispatch_name(stage: str) -> str:
+    """The trace group of a stage that runs as one dispatch per pass (``StagePlan.one_dispatch``)."""
+    return f"{stage}_one_dispatch"
 
 
 def _peek(buf: DeviceBuffer) -> torch.Tensor:

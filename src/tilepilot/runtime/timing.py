@@ -32,7 +32,7 @@ from tilepilot.npu.device import Device
 from tilepilot.npu.trace import Trace
 from tilepilot.plan.plan import DeploymentPlan
 from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
-from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
 
 _TOP = ("dispatch", "sync", "cpu")
 
@@ -150,6 +150,11 @@ def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
                 cpu_measured_s=_measured(e for e in mine if e.kind == "cpu"),
             )
         )
+    fused = one_dispatch_name(stage)
+    one = [e for e in events if e.kind == "dispatch" and e.group == fused]
+    if one:  # the stage ran as one dispatch per pass: its groups hold no dispatch of their own
+        out.append(GroupTime(stage, "pass", fused, "npu", len(one), sum(e.duration_s for e in one), 0.0, 0.0))
+        names = names | {fused}
     loose = [e for e in events if e.kind in _TOP and e.group not in names]
     if loose:
         out.append(

@@ -32,6 +32,8 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.placement", "AttentionAndLmHeadOnNpu"),
     ("tilepilot.skills.optimize.fusion", "FuseBiasAndQkNorm"),
     ("tilepilot.skills.optimize.fusion", "MergeLaunches"),
+    ("tilepilot.skills.optimize.decode", "OneDispatchDecode"),
+    ("tilepilot.skills.optimize.decode", "WindowedKvReadback"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),
 )

@@ -1,0 +1,116 @@
+"""Decode as AIR's fused decode runs it: one dispatch per token, and a KV readback sized to the context window.
+
+Batch-1 decode streams every weight once per token, so what is left after the kernels stream at their bound is the
+host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch per token** (reference/xdna2.md,
+"AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
+fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
+skips the masked ones); AIR then built a template per window so the readback matches the context
+(53.0 -> 58.6 tok/s). Two skills, tried in this order by the decode phase:
+
+- ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
+  (``StagePlan.one_dispatch``),
+  attention compiled for the padded template readback (``KV_TEMPLATE_ROWS``). The timing model charges the one host
+  round trip, a design switch and tile configuration per launch inside the dispatch (``npu.timing.time_group``), and
+  the dispatcher checks the whole pass against the driver's watchdog (``DISPATCH_WATCHDOG``), so a pass too long for
+  one dispatch is refused by its code, not timed. CPU groups are moved onto the NPU first (a dispatch cannot hold
+  host work).
+- ``windowed-kv-readback``: a fused decode's readback templates become a ladder of windows (``KV_WINDOW_STEP``
+  rows apart), so each token streams only the KV blocks of the smallest window holding its context.
+
+Both are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
+prefill is not slower and the model gate passes; every attempt is a row of ``perf_opt_traj.md`` with its before/after
+figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tilepilot.model.graph import block_graph
+from tilepilot.plan.builtin import npu_family
+from tilepilot.plan.plan import KV_TEMPLATE_ROWS
+from tilepilot.skills.base import SkillInput
+from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
+from tilepilot.skills.optimize.host import _GATE
+
+_WS = SkillInput("workspace", "a deployment workspace whose full-model gate passed (phase 3)")
+# Distance between readback templates of the windowed fused decode: 256 positions = 4 key blocks of the attention
+# family's 64-row tiles. ESTIMATE of a sensible template count (AIR does not publish its window list).
+KV_WINDOW_STEP = 256
+
+
+def fused_stage(plan, stage: str = "decode"):
+    """A copy of ``plan`` whose ``stage`` runs as one dispatch per pass, CPU groups moved to their NPU kernels, and
+    attention compiled for the padded template readback; None when the stage already is one dispatch."""
+    if plan.stage(stage).one_dispatch:
+        return None
+    graph = block_graph(plan.model_spec())
+    new = clone(plan)
+    st = new.stage(stage)
+    for g in st.groups():
+        if g.where == "cpu":
+            g.where = "npu"
+            for c in g.calls:
+                c.family, c.config = npu_family(graph.node(c.op), stage), {}
+    st.one_dispatch = True
+    st.kv_windows = [min(KV_TEMPLATE_ROWS, plan.model_spec().max_positions)]
+    return new
+
+
+def window_ladder(largest: int, step: int = KV_WINDOW_STEP) -> list[int]:
+    """Readback templates every ``step`` rows up to ``largest`` (which stays the top template)."""
+    return sorted({*range(step, largest, step), largest})
+
+
+class OneDispatchDecode(PlanOptimization):
+    name = "one-dispatch-decode"
+    description = (
+        "Runs a whole decode step (every layer and the LM head) as one NPU dispatch, as AIR's fused decode does, with "
+        "a design switch per launch inside it and the driver's per-dispatch watchdog checked on the pass. Use when the "
+        "decode stage still starts a dispatch per group or per layer."
+    )
+    purpose = (
+        "Removes every host round trip but one per token; what remains is weight streaming and the switches between "
+        "launches."
+    )
+    commands = ("tilepilot skills run one-dispatch-decode WORKSPACE --json",)
+    gate_text = _GATE
+    inputs = (_WS,)
+    failure_modes = (
+        "A pass longer than the driver's watchdog is refused with DISPATCH_WATCHDOG (split the pass: keep per-layer "
+        "dispatches).",
+        "Its attention reads the padded template readback: follow with `windowed-kv-readback`.",
+    )
+    stages = ("decode",)
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        new = fused_stage(ctx.plan, stage)
+        if new is not None:
+            rows = new.stage(stage).kv_windows[0]
+            yield Proposal(new, f"{stage}: every layer and the head in one dispatch (KV readback template {rows} rows)")
+
+
+class WindowedKvReadback(PlanOptimization):
+    name = "windowed-kv-readback"
+    description = (
+        "Gives a one-dispatch decode a KV readback template per context window, so each token's attention streams "
+        "only the KV blocks of the smallest window holding its context instead of the padded maximum. Use when the "
+        "decode stage is one dispatch with a single readback template."
+    )
+    purpose = "Cuts the KV bytes every token moves at short contexts (AIR: 53.0 -> 58.6 tok/s on Llama-3.2-1B)."
+    commands = ("tilepilot skills run windowed-kv-readback WORKSPACE --json",)
+    gate_text = _GATE
+    inputs = (_WS,)
+    failure_modes = ("A window smaller than the context would drop keys: the readback is never below the context.",)
+    stages = ("decode",)
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        st = ctx.plan.stage(stage)
+        if not st.one_dispatch or not st.kv_windows:
+            return
+        ladder = window_ladder(max(st.kv_windows))
+        if ladder == sorted(st.kv_windows):
+            return
+        new = clone(ctx.plan)
+        new.stage(stage).kv_windows = ladder
+        yield Proposal(new, f"{stage}: KV readback templates every {KV_WINDOW_STEP} rows up to {max(ladder)}")
