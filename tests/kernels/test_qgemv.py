@@ -18,6 +18,9 @@ SMALL = [
     (qgemv.Shape(32, 128, 1, "q8_0", 32), qgemv.Config(cols=2, tile_m=4, tile_k=64, fmt="q8_0", block=32)),
     (qgemv.Shape(64, 128, 1, "q4_0", 64), qgemv.Config(cols=4, tile_m=8, tile_k=128, fmt="q4_0", block=64)),
     (qgemv.Shape(64, 64, 1, "q4_1", 32), qgemv.Config(2, 8, 64, 2, weight_channels=2, fmt="q4_1", block=32)),
+    (qgemv.Shape(64, 64, 1, "q4_0", 32), qgemv.Config(2, 8, 64, rows=2)),
+    (qgemv.Shape(128, 128, 1, "q4_1", 32), qgemv.Config(2, 4, 64, 2, 2, "q4_1", rows=4)),
+    (qgemv.Shape(64, 128, 2, "q8_0", 32), qgemv.Config(2, 8, 64, 1, 2, "q8_0", rows=2)),
 ]
 
 
@@ -68,3 +71,18 @@ def test_format_mismatch_and_untileable_shapes_are_refused():
         qgemv.make_design(qgemv.Shape(64, 64, 1, "q4_0"), qgemv.Config(2, 8, 64, fmt="q8_0"))
     with pytest.raises(DesignError):
         qgemv.make_design(qgemv.Shape(64, 48, 1, "q4_0"), qgemv.Config(2, 8, 48, fmt="q4_0"))
+
+
+def test_several_compute_rows_share_a_columns_stream_and_relieve_the_decode_bound():
+    """Dequantization is the kernel's bottleneck (vector ops per weight): splitting each column's block over compute
+    rows in the memory tile divides it, until the shim channels bound the stream."""
+    shape = qgemv.Shape(8192, 2048, 1, "q4_0", 32)
+    one = qgemv.make_design(shape, qgemv.Config(4, 8, 1024, 2, 2, rows=1))
+    four = qgemv.make_design(shape, qgemv.Config(4, 8, 1024, 2, 2, rows=4))
+    assert validate(four) == [] and len(four.workers) == 16
+    assert four.meta["weight_bytes"] == one.meta["weight_bytes"]  # same weight bytes, four times the decoders
+    assert four.meta["ddr_read_bytes"] < one.meta["ddr_read_bytes"]  # and x re-sent for fewer output blocks
+    assert time_dispatch(four).seconds < 0.5 * time_dispatch(one).seconds
+    assert {c.rows for c in qgemv.candidate_configs(shape)} == {1, 2, 4}
+    with pytest.raises(DesignError):  # 3 rows cannot share 2 channels evenly
+        qgemv.make_design(shape, qgemv.Config(4, 8, 1024, 2, 2, rows=3))

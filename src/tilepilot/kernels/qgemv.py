@@ -28,7 +28,7 @@ import torch
 from tilepilot.kernels.gemv import K_GRANULE, MAX_TOKENS, TILE_M_CHOICES, stream_taps, tile_fits, tile_k_choices
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
 from tilepilot.npu import numerics as nx
-from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, join
+from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, join, split
 from tilepilot.npu.design import ObjectFifo as Fifo
 from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
 from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_REPEAT, WORD_BYTES, DesignError, Violation
@@ -53,7 +53,8 @@ class Shape:
 @dataclass(frozen=True)
 class Config:
     """``tile_m``/``tile_k`` 0 = the default for the shape. ``fmt``/``block`` describe the data (the plan sets
-    them from its weight format; the tuner never changes them)."""
+    them from its weight format; the tuner never changes them). ``rows``: compute rows per column, each worker
+    decoding its own share of the column's output rows (the tile's dequantization is the kernel's bottleneck)."""
 
     cols: int = 8
     tile_m: int = 0
@@ -62,6 +63,7 @@ class Config:
     weight_channels: int = 1
     fmt: str = "q4_0"
     block: int = 32
+    rows: int = 1
 
 
 def _err(message: str) -> DesignError:
@@ -82,7 +84,7 @@ def l1_bytes(shape: Shape, config: Config) -> int:
 def _resolve(shape: Shape, config: Config, device: Device) -> Config:
     if config.tile_m and config.tile_k:
         return config
-    d = default_config(shape, device, config.cols, config.weight_channels)
+    d = default_config(shape, device, config.cols, config.weight_channels, config.rows)
     return replace(d, depth=config.depth)
 
 
@@ -95,12 +97,19 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"shape {shape} is not a GEMV (1..{MAX_TOKENS} tokens, non-empty)")
     if config.weight_channels not in (1, 2):
         raise _err(f"weight_channels must be 1 or 2, got {config.weight_channels}")
-    if config.weight_channels == 2 and (config.cols >= device.columns or config.tile_m % 2):
+    if config.weight_channels == 2 and (config.cols >= device.columns or (config.rows * config.tile_m) % 2):
         raise _err("two weight channels per column need a free column's shim for x and an even tile_m")
+    if config.rows > 1 and config.rows % config.weight_channels:
+        raise _err(f"{config.rows} compute rows do not share {config.weight_channels} weight channels evenly")
+    if not 1 <= config.rows <= min(4, device.compute_rows):
+        raise _err(f"{config.rows} compute rows per column do not fit {device.name}; use 1..4")
     if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
         raise _err(f"config {config} does not fit {device.name}")
-    if shape.n % (config.cols * config.tile_m):
-        raise _err(f"N={shape.n} does not split into {config.cols} columns x blocks of {config.tile_m} rows")
+    if shape.n % (config.cols * config.rows * config.tile_m):
+        raise _err(
+            f"N={shape.n} does not split into {config.cols} columns x {config.rows} rows x blocks of "
+            f"{config.tile_m} rows"
+        )
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -137,41 +146,56 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     config = _resolve(shape, config or default_config(shape, device), device)
     _check(shape, config, device)
     cols, tm, tk, depth, m = config.cols, config.tile_m, config.tile_k, config.depth, shape.m
-    ch = config.weight_channels
+    ch, rows = config.weight_channels, config.rows
     n, k = shape.n, shape.k
     rb = k // shape.block * block_bytes(shape.fmt, shape.block)  # packed bytes per weight row
     cb = chunk_bytes(shape, tk)
     per_col = n // cols
-    iters, ksteps = per_col // tm, k // tk
+    block = rows * tm  # output rows a column produces per iteration
+    iters, ksteps = per_col // block, k // tk
     x_shim = Tile(0 if ch == 1 else cols, SHIM_ROW)
     fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=x_shim)]
     workers = []
     links = []
     kernel = _kernel(shape, config)
-    sub = tm // ch
+    sub = block // ch  # weight rows each shim channel carries per call
     for c in range(cols):
-        shim = Tile(c, SHIM_ROW)
+        shim, mem = Tile(c, SHIM_ROW), Tile(c, MEM_ROW)
         w_names = [f"w_{c}_{j}" for j in range(ch)]
         fifos += [Fifo(name, (sub, cb), "uint8", depth, shim_placement=shim) for name in w_names]
-        w_in = w_names[0]
-        if ch == 2:  # both shim MM2S channels feed the column's memory tile, which joins the halves
-            w_in = f"w_{c}"
-            fifos.append(Fifo(w_in, (tm, cb), "uint8", depth))
-            links.append(join(f"w_join_{c}", w_names, w_in, [0, sub * cb], Tile(c, MEM_ROW)))
-        fifos.append(Fifo(f"y_{c}", (m, tm), "bf16", 2, shim_placement=shim))
-        workers.append(
-            Worker(
-                name=f"qmv_{c}",
-                kernel=kernel,
-                inputs=(w_in, "x"),
-                outputs=(f"y_{c}",),
-                iterations=iters,
-                placement=Tile(c, FIRST_COMPUTE_ROW),
-                local_bytes=4 * m * tm + 2 * tm * tk,
-                acquires={w_in: ksteps, "x": ksteps, f"y_{c}": 1},
-                calls_per_iteration=ksteps,
+        if rows == 1:
+            w_in = [w_names[0]]
+            if ch == 2:  # both shim MM2S channels feed the column's memory tile, which joins the halves
+                w_in = [f"w_{c}"]
+                fifos.append(Fifo(w_in[0], (tm, cb), "uint8", depth))
+                links.append(join(f"w_join_{c}", w_names, w_in[0], [0, sub * cb], mem))
+            y_out = [f"y_{c}"]
+            fifos.append(Fifo(y_out[0], (m, tm), "bf16", 2, shim_placement=shim))
+        else:  # each channel's block is split in the memory tile, one (tile_m, chunk) object per compute row
+            per = rows // ch
+            w_in = [f"w_{c}_{j}_{r}" for j in range(ch) for r in range(per)]
+            fifos += [Fifo(name, (tm, cb), "uint8", depth) for name in w_in]
+            for j in range(ch):
+                dsts = w_in[j * per : (j + 1) * per]
+                links.append(split(f"w_split_{c}_{j}", w_names[j], dsts, [r * tm * cb for r in range(per)], mem))
+            y_out = [f"y_{c}_{r}" for r in range(rows)]
+            fifos += [Fifo(name, (m, tm), "bf16", 2) for name in y_out]
+            fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
+            links.append(join(f"y_join_{c}", y_out, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
+        for r in range(rows):
+            workers.append(
+                Worker(
+                    name=f"qmv_{c}" if rows == 1 else f"qmv_{r}_{c}",
+                    kernel=kernel,
+                    inputs=(w_in[r], "x"),
+                    outputs=(y_out[r],),
+                    iterations=iters,
+                    placement=Tile(c, FIRST_COMPUTE_ROW + r),
+                    local_bytes=4 * m * tm + 2 * tm * tk,
+                    acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1},
+                    calls_per_iteration=ksteps,
+                )
             )
-        )
     rt = Runtime()
     for group, i0 in enumerate(range(0, iters, TAP_MAX_REPEAT)):
         nb = min(TAP_MAX_REPEAT, iters - i0)
@@ -179,12 +203,13 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             rt.fill("x", "x", tap, group)
         for c in range(cols):
             for j in range(ch):
-                w_off = (c * per_col + i0 * tm + j * sub) * rb
-                for tap in stream_taps((n, rb), w_off, [nb, ksteps, sub, cb], [tm * rb, cb, rb, 1], "uint8"):
+                w_off = (c * per_col + i0 * block + j * sub) * rb
+                for tap in stream_taps((n, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], "uint8"):
                     rt.fill(f"w_{c}_{j}", "w", tap, group)
-            y_off = c * per_col + i0 * tm
-            for tap in stream_taps((m, n), y_off, [nb, m, tm], [tm, n, 1]):
-                rt.drain(f"y_{c}", "y", tap, group)
+            y_off = c * per_col + i0 * block
+            y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
+            for tap in stream_taps((m, n), y_off, [nb, rows, m, tm], [block, tm, n, 1]):
+                rt.drain(y_fifo, "y", tap, group)
     design = Design(
         name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}",
         device=device,
@@ -231,24 +256,29 @@ fits = tile_fits(_check, l1_bytes)
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
-    """Columns x rows per call x K chunk x depth x weight channels, most tiles and biggest calls first."""
+    """Columns x compute rows x rows per call x K chunk x depth x weight channels, most tiles and biggest calls
+    first."""
     device = device or npu2()
     ks = [t for t in tile_k_choices(shape.k) if t % shape.block == 0][:6]
     out: list[tuple[tuple, Config]] = []
     for cols in (8, 4, 2, 1):
-        for ch in (1, 2):
-            for tm in TILE_M_CHOICES:
-                for tk in ks:
-                    for depth in (2, 1):
-                        cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block)
-                        if fits(shape, cfg, device):
-                            out.append(((depth != 2, -cols * ch, -tm * tk, ch), cfg))
+        for rows in (1, 2, 4):
+            for ch in (1, 2):
+                for tm in TILE_M_CHOICES:
+                    for tk in ks:
+                        for depth in (2, 1):
+                            cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows)
+                            if fits(shape, cfg, device):
+                                out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
     out.sort(key=lambda x: x[0])
     return [c for _, c in out]
 
 
-def default_config(shape: Shape, device: Device | None = None, cols: int | None = None, channels: int = 1) -> Config:
-    """The GEMV's default (8 columns, one row, biggest chunks that fit), one weight channel per column."""
+def default_config(
+    shape: Shape, device: Device | None = None, cols: int | None = None, channels: int = 1, rows: int = 1
+) -> Config:
+    """The GEMV's default (8 columns, one row, biggest chunks that fit), one weight channel per column; ``cols``,
+    ``channels`` and ``rows`` fix those choices (a plan may name them and leave the tiles to the default)."""
     device = device or npu2()
     col_choices = (cols,) if cols else (8, 4, 2, 1)
     for c in col_choices:
@@ -256,7 +286,7 @@ def default_config(shape: Shape, device: Device | None = None, cols: int | None 
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block)
+                cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows)
                 if fits(shape, cfg, device):
                     return cfg
     raise _err(f"no quantized GEMV tiling fits {shape}")
