@@ -111,3 +111,17 @@ def prompt_ids(tokenizer, vocab: int, n_tokens: int, seed: int, texts: tuple[str
             return ids
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n_tokens)]
+
+
+def distinct_prompt_pair(
+    tokenizer, vocab: int, n_tokens: int, rng: random.Random, texts: tuple[str, ...]
+) -> tuple[list[int], list[int]]:
+    """Two prompts of ``n_tokens`` from different texts of ``texts`` (two rng draws), for a check that different
+    prompts give different outputs: drawn independently, two texts of a pool of four coincide one time in four, and
+    then the outputs are rightly identical. Without a tokenizer the two seeds differ, so the random ids do too."""
+    first = rng.randrange(1 << 30)
+    offset = 1 + rng.randrange(1 << 30) % (len(texts) - 1)  # another text of the pool, never the first one's
+    return (
+        prompt_ids(tokenizer, vocab, n_tokens, first, texts),
+        prompt_ids(tokenizer, vocab, n_tokens, first + offset, texts),
+    )

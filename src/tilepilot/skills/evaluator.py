@@ -46,7 +46,7 @@ from tilepilot.harness.model_gate import (
     run_teacher_forced,
 )
 from tilepilot.harness.probes import kernel_audit
-from tilepilot.harness.prompts import EVAL_KL_TEXTS, EVAL_TEXTS, prompt_ids
+from tilepilot.harness.prompts import EVAL_KL_TEXTS, EVAL_TEXTS, distinct_prompt_pair
 from tilepilot.kernels.tuning import calibration_key
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.tokenizer import Tokenizer
@@ -193,8 +193,7 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
         tok = None
     rng = random.Random(seed)
     n = rng.randint(*EVAL_PROMPT_LEN_RANGE)
-    a = prompt_ids(tok, spec.vocab, n, rng.randrange(1 << 30), EVAL_TEXTS)
-    b = prompt_ids(tok, spec.vocab, n, rng.randrange(1 << 30), EVAL_TEXTS[::-1])
+    a, b = distinct_prompt_pair(tok, spec.vocab, n, rng, EVAL_TEXTS)
     out["prompts"] = {"first": a, "second": b}
     kl_text, real_text = kl_ids(tok, spec.vocab, n, rng.randrange(1 << 30), EVAL_KL_TEXTS)
     out["kl_text"] = "real text (harness/prompts.py EVAL_KL_TEXTS)" if real_text else "seeded token ids (no tokenizer)"
