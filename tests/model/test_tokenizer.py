@@ -50,7 +50,32 @@ def test_round_trip_and_special_ids(family_tok):
         assert tok.bos_id is None and tok.encode("hi", add_bos=True) == tok.encode("hi")
     else:
         bos = dict((c, i) for i, c in layout.specials)[layout.bos_token]
-        assert tok.bos_id == bos and tok.encode("hi", add_bos=True)[0] == bos
+        assert tok.bos_id == bos and tok.adds_bos == layout.add_bos
+        assert tok.encode("hi", add_bos=True) == ([bos] if layout.add_bos else []) + tok.encode("hi")
+
+
+def test_a_sequence_starts_as_transformers_starts_it(family_tok, tmp_path):
+    """BOS only where the model's own tokenizer puts it (Llama 3), not wherever a BOS token is named."""
+    transformers = pytest.importorskip("transformers")
+    family, tok = family_tok
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / family))
+    for text in TEXTS[:5]:
+        assert tok.encode(text, add_bos=True) == hf(text)["input_ids"], (family, text)
+
+
+def test_plain_prompt_of_the_trained_model_has_no_bos(smollm2_dir):
+    """SmolLM2-135M-Instruct names a BOS (<|im_start|>) but its tokenizer does not add it (GGUF add_bos_token
+    false): a plain prompt starts with the text's own tokens, exactly as transformers encodes it."""
+    transformers = pytest.importorskip("transformers")
+    from tilepilot.runtime.generate import encode_prompt
+
+    model = smollm2_dir(layers=1)
+    tok = Tokenizer.from_dir(model)
+    hf = transformers.AutoTokenizer.from_pretrained(str(model))
+    assert json.loads((model / "tokenizer_config.json").read_text())["add_bos_token"] is False
+    assert tok.bos_id == 1 and not tok.adds_bos
+    for prompt in ("The capital of France is", "def f(x):\n    return x", "<|im_start|> is a special token"):
+        assert encode_prompt(tok, prompt, chat=False) == hf(prompt)["input_ids"], prompt
 
 
 def test_llama_ids_sit_where_the_config_says():

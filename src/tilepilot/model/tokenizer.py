@@ -35,6 +35,10 @@ class Tokenizer:
         self.bos_id = bos_id
         self.eos_ids = tuple(eos_ids)
         self.chat_template: str | None = config.get("chat_template")
+        # Whether a sequence starts with BOS, decided as transformers' ``tokenizer(text)`` decides it: by
+        # tokenizer.json's post-processor (transformers 5 drops tokenizer_config's add_bos_token when tokenizer.json
+        # exists). SmolLM2 names a BOS (<|im_start|>) but never starts plain text with it (add_bos_token false).
+        self.adds_bos = bos_id is not None and _post_processor_adds(backend, bos_id)
         # System turn put in front of every conversation that has none (``generate --system``); None keeps
         # the template's own behaviour (SmolLM2's, for one, then writes its built-in system prompt).
         self.system_prompt: str | None = None
@@ -79,8 +83,10 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text``. ``add_bos`` says the text starts a sequence: BOS goes first only when the model's
+        tokenizer starts sequences with it (``adds_bos``), so a plain prompt is encoded as transformers encodes it."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+        if add_bos and self.adds_bos and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return list(ids)
 
@@ -224,6 +230,13 @@ class IncrementalDecoder:
         text = self._tok.decode(self._ids[self._prefix :], self._skip)
         self._prefix = self._read = len(self._ids)
         return text[len(done) :] if len(text) > len(done) else ""
+
+
+def _post_processor_adds(backend, bos_id: int) -> bool:
+    """True when tokenizer.json's post-processor puts ``bos_id`` in front of an encoded text."""
+    plain = backend.encode("a", add_special_tokens=False).ids
+    full = backend.encode("a", add_special_tokens=True).ids
+    return full[:1] == [bos_id] and plain[:1] != [bos_id]
 
 
 def _id_of(backend, token: str | None) -> int | None:
