@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from tilepilot.npu.validate import DesignError, check_dispatch, validate, valida
 from tilepilot.plan.plan import HostPolicy, KernelGroup
 from tilepilot.runtime import host_ops
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer, SyncCostModel, SyncEvent
+from tilepilot.runtime.threads import step_threads
 
 BF16 = torch.bfloat16
 META = torch.device("meta")
@@ -51,21 +51,6 @@ def _key(x: Any) -> Any:
         return (type(x).__module__, x)
     except TypeError:
         return (type(x).__module__, type(x).__name__, tuple(sorted(asdict(x).items()))) if is_dataclass(x) else x
-
-
-@contextmanager
-def _host_threads(p: Pass) -> Iterator[None]:
-    """Decode-sized host steps (one token) run on one thread: at that size waking OpenMP workers costs
-    more than the work (measured ~0.1 ms single-threaded vs tens of ms on a busy 2-core host)."""
-    if p.rows != 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def cpu_flops(kind: str, rows: int, context: int, io_width: int, weight_elems: int, spec: ModelSpec) -> int:
@@ -431,7 +416,7 @@ class Dispatcher:
         secs = self.timer.seconds(nbytes, flops)
         if p.dry:
             key = (tuple((c.op, self._ctx.get("stage")) for c in g.calls), p.rows, p.context)
-            with _host_threads(p):
+            with step_threads(p.rows, self.spec.hidden):
                 measured = self.timer.measured(key, lambda: self._dry_cpu(g, p))
             for call in g.calls:
                 node = self.graph.node(call.op)
@@ -445,7 +430,7 @@ class Dispatcher:
                 "cpu", g.name, secs, clock="modeled", measured_s=measured, group=g.name, layer=layer, stage=p.stage
             )
             return
-        with _host_threads(p):
+        with step_threads(p.rows, self.spec.hidden):
             t0 = time.perf_counter()
             out = compute()
             wall = time.perf_counter() - t0

@@ -33,6 +33,7 @@ from tilepilot.runtime.dispatcher import Dispatcher, HostOpTimer, KernelLibrary,
 from tilepilot.runtime.kv_cache import KVCache
 from tilepilot.runtime.rope_tables import RopeTables
 from tilepilot.runtime.sampling import Sampler, SamplingParams
+from tilepilot.runtime.threads import step_threads
 from tilepilot.runtime.workspace import Workspace, load_workspace
 
 BF16 = torch.bfloat16
@@ -236,6 +237,10 @@ class NpuRunner:
         return ids
 
     def _forward(self, ids: list[int], stage: str, capture: bool, last_only: bool) -> RunnerStep:
+        with step_threads(len(ids), self.spec.hidden):
+            return self._forward_pass(ids, stage, capture, last_only)
+
+    def _forward_pass(self, ids: list[int], stage: str, capture: bool, last_only: bool) -> RunnerStep:
         s = self.spec
         start, rows = self.cache.length, len(ids)
         p = Pass(stage=stage, start=start, rows=rows, dry=self.dry)
@@ -319,22 +324,23 @@ class NpuRunner:
         t_dec = 0.0
         budget = min(max_new_tokens, self.max_context - len(ids) + 1)
         logits = step.logits[-1]
-        while len(tokens) < budget:
-            tok = sampler.sample(logits)
-            tokens.append(tok)
-            if stream_callback is not None:
-                stream_callback(tok)
-            if tok in stops:
-                reason = "eos"
-                break
-            if len(tokens) == budget:
-                break
-            mark = len(self.trace.events)
-            t1 = time.perf_counter()
-            logits = self.decode(tok).logits[-1]
-            t_dec += time.perf_counter() - t1
-            modeled_decode.append(window_s(self.trace, mark))
-            dispatches_decode += _window_count(self.trace, mark)
+        with step_threads(1, self.spec.hidden):  # every step from here is one token (sampling included)
+            while len(tokens) < budget:
+                tok = sampler.sample(logits)
+                tokens.append(tok)
+                if stream_callback is not None:
+                    stream_callback(tok)
+                if tok in stops:
+                    reason = "eos"
+                    break
+                if len(tokens) == budget:
+                    break
+                mark = len(self.trace.events)
+                t1 = time.perf_counter()
+                logits = self.decode(tok).logits[-1]
+                t_dec += time.perf_counter() - t1
+                modeled_decode.append(window_s(self.trace, mark))
+                dispatches_decode += _window_count(self.trace, mark)
         return GenerationResult(
             prompt_ids=ids,
             tokens=tokens,
