@@ -89,7 +89,16 @@ def _modeled_events(trace: Trace, mark: int = 0) -> bytes:
     by start and end on the timeline, whose cursor also moves with measured host steps, so their end - start
     carries that rounding: their dispatch's recorded duration pins their time)."""
     rows = [
-        (e.kind, e.name, e.group, e.layer, e.stage, e.bytes, e.macs, None if e.recorded_s is None else e.recorded_s.hex())
+        (
+            e.kind,
+            e.name,
+            e.group,
+            e.layer,
+            e.stage,
+            e.bytes,
+            e.macs,
+            None if e.recorded_s is None else e.recorded_s.hex(),
+        )
         for e in trace.events[mark:]
         if e.clock == "modeled"
     ]
@@ -113,7 +122,9 @@ def run_digests(model_dir: Path, plan_name: str) -> dict[str, str]:
         "logits": _sha(*(t.contiguous().numpy().tobytes() for t in logits)),
         "tokens": _sha(json.dumps(res.tokens).encode()),
         "modeled": _sha(
-            _modeled_events(trace), _modeled_events(trace, mark), json.dumps([float(f).hex() for f in figures]).encode(),
+            _modeled_events(trace),
+            _modeled_events(trace, mark),
+            json.dumps([float(f).hex() for f in figures]).encode(),
             json.dumps(counts).encode(),
         ),  # fmt: skip
     }
