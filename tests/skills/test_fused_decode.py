@@ -13,13 +13,14 @@ from tilepilot.harness.model_gate import model_gate
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.validate import DesignError
+from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage
 from tilepilot.plan.builtin import paper_like_plan
 from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, StagePlan, validate_plan
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 from tilepilot.skills.optimize.common import Proposal, try_proposal
-from tilepilot.skills.optimize.decode import KV_WINDOW_STEP, OneDispatchDecode, WindowedKvReadback, fused_stage
+from tilepilot.skills.optimize.decode import OneDispatchDecode, WindowedKvReadback
 from tilepilot.skills.optimize.placement import _to_npu
 
 

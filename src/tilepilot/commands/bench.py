@@ -30,13 +30,13 @@ from tilepilot.model.spec import load_spec
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.trace import Trace, library_layouts
-from tilepilot.plan.builtin import builtin_plan
+from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import same_model_claims, time_plan
 from tilepilot.runtime.workspace import is_workspace, load_workspace
 
-PLANS = ("deployed", "default", "iron-like", "paper-like")
+PLANS = ("deployed", *BUILTIN_PLANS)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -16,19 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilepilot.errors import ConfigError
-from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, BlockGraph, OpNode, block_graph
+from tilepilot.model.graph import HOST_FAMILY, BlockGraph, OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
-from tilepilot.plan.plan import DeploymentPlan, HostPolicy, KernelCall, KernelGroup, StagePlan, check_plan
-
-# kind -> family by stage: prefill works on T rows (GEMM), decode on one row (GEMV).
-_LINEAR = {"prefill": "gemm", "decode": "gemv"}
-
-
-def npu_family(node: OpNode, stage: str) -> str:
-    """The kernel family a node uses on the NPU in ``stage``."""
-    if node.kind == "linear":
-        return _LINEAR[stage]
-    return KIND_FAMILIES[node.kind][0]
+from tilepilot.plan.air_q4 import air_q4_plan
+from tilepilot.plan.plan import DeploymentPlan, HostPolicy, KernelCall, KernelGroup, StagePlan, check_plan, npu_family
 
 
 def _call(node: OpNode, stage: str, where: str) -> KernelCall:
@@ -136,11 +127,12 @@ BUILTIN_PLANS: dict[str, Callable[[ModelSpec], DeploymentPlan]] = {
     "default": default_plan,
     "iron-like": iron_like_plan,
     "paper-like": paper_like_plan,
+    "air-q4": lambda spec: air_q4_plan(paper_like_plan(spec)),
 }
 
 
 def builtin_plan(name: str, spec: ModelSpec) -> DeploymentPlan:
-    """Build a built-in plan by name (``default``, ``iron-like``, ``paper-like``)."""
+    """Build a built-in plan by name (``default``, ``iron-like``, ``paper-like``, ``air-q4``)."""
     try:
         builder = BUILTIN_PLANS[name]
     except KeyError:

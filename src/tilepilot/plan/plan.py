@@ -14,7 +14,7 @@ from typing import Any
 
 from tilepilot.errors import ConfigError
 from tilepilot.files import write_text_atomic
-from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, block_graph
+from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, OpNode, block_graph
 from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
 
@@ -25,6 +25,17 @@ WEIGHT_POLICIES = ("preloaded", "per_call")
 LAYOUTS = ("seq_first", "host_transpose")
 # families that read packed weights (model/quant.py) instead of bf16 ones
 QUANT_FAMILIES = ("qgemv", "qgemm")
+
+
+# kind -> family by stage: prefill works on T rows (GEMM), decode on one row (GEMV).
+_LINEAR = {"prefill": "gemm", "decode": "gemv"}
+
+
+def npu_family(node: OpNode, stage: str) -> str:
+    """The (bf16) kernel family a node uses on the NPU in ``stage``."""
+    if node.kind == "linear":
+        return _LINEAR[stage]
+    return KIND_FAMILIES[node.kind][0]
 
 
 @dataclass

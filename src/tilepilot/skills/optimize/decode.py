@@ -26,40 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tilepilot.model.graph import block_graph
-from tilepilot.plan.builtin import npu_family
-from tilepilot.plan.plan import KV_TEMPLATE_ROWS
+from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
 
 _WS = SkillInput("workspace", "a deployment workspace whose full-model gate passed (phase 3)")
-# Distance between readback templates of the windowed fused decode: 256 positions = 4 key blocks of the attention
-# family's 64-row tiles. ESTIMATE of a sensible template count (AIR does not publish its window list).
-KV_WINDOW_STEP = 256
-
-
-def fused_stage(plan, stage: str = "decode"):
-    """A copy of ``plan`` whose ``stage`` runs as one dispatch per pass, CPU groups moved to their NPU kernels, and
-    attention compiled for the padded template readback; None when the stage already is one dispatch."""
-    if plan.stage(stage).one_dispatch:
-        return None
-    graph = block_graph(plan.model_spec())
-    new = clone(plan)
-    st = new.stage(stage)
-    for g in st.groups():
-        if g.where == "cpu":
-            g.where = "npu"
-            for c in g.calls:
-                c.family, c.config = npu_family(graph.node(c.op), stage), {}
-    st.one_dispatch = True
-    st.kv_windows = [min(KV_TEMPLATE_ROWS, plan.model_spec().max_positions)]
-    return new
-
-
-def window_ladder(largest: int, step: int = KV_WINDOW_STEP) -> list[int]:
-    """Readback templates every ``step`` rows up to ``largest`` (which stays the top template)."""
-    return sorted({*range(step, largest, step), largest})
 
 
 class OneDispatchDecode(PlanOptimization):
