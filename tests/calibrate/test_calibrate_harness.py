@@ -187,3 +187,26 @@ def test_predict_times_any_file_of_the_reference_format_with_frozen_constants(tm
     for r in rep["rows"]:
         assert (r["ratio"] is not None) == r["expressible"] and (r["expressible"] or r["reason"])
     assert isinstance(rep["not_expressible"], list)
+
+
+def test_rows_are_built_with_airs_herd_orientation_and_their_causal_flag():
+    """Issue 11 item 1: AIR's herd [herd_m, herd_n] puts herd_m on the columns ("N=32 -> tile_n=32, herd_n=1"); a
+    3- or 6-tile herd is a design; a row's `causal` field decides the attention's masking."""
+    from tilepilot.npu.device import npu2
+
+    dev = npu2()
+    assert ca.air_gemm_herd([8, 4], dev) == (4, 8, "m_cols")
+    assert ca.air_gemm_herd([6, 1], dev) == (1, 6, "m_cols")
+    assert ca.air_gemm_herd([2, 8], dev) == (2, 8, "m_rows")  # herd_n 8 only fits M-on-rows
+    gemm_row = {"M": 192, "K": 64, "N": 32, "out_dtype": "bf16", "method": "drain", "gflops": 100,
+                "tile": {"tile_m": 32, "tile_k_l2": 64, "tile_k_l1": 32, "tile_n": 32}, "herd": [6, 1]}  # fmt: skip
+    attn = {"lq_x_lk": "256\u00d7256", "dk_dv": "64/64", "heads_q_kv": "8/2", "latency_ms": "1.0 ms"}
+    rows = ca.kernel_rows(data={"gemm": [gemm_row], "flash_attention": [{**attn, "causal": "\u2713"},
+                                                                        {**attn, "causal": "\u2717"}]})  # fmt: skip
+    (g,) = rows["gemm"]
+    cfg = g.design().meta["config"]
+    assert (cfg["rows"], cfg["cols"], cfg["orient"], cfg["tile_m"], cfg["tile_n"]) == (1, 6, "m_cols", 32, 32)
+    assert "closest legal" not in g.design().meta.get("calibration_note", "")  # AIR's own tiling, as published
+    causal, full = (r.design() for r in rows["flash_attention"])
+    assert causal.meta["shape"]["causal"] is True and full.meta["shape"]["causal"] is False
+    assert ca.time_row(rows["flash_attention"][1]).modeled > ca.time_row(rows["flash_attention"][0]).modeled

@@ -17,6 +17,9 @@ SMALL = [
     (at.Shape(1, 21, 4, 2, 16), at.Config(cols=2, heads_per_col=2, tile_q=1, tile_k=8)),  # decode, padded cache
     (at.Shape(8, 20, 6, 2, 16), at.Config(cols=3, heads_per_col=3, tile_q=4, tile_k=8)),  # chunk after a cache
     (at.Shape(12, 12, 2, 1, 16), at.Config(cols=1, heads_per_col=1, tile_q=4, tile_k=8, depth=1)),
+    # non-causal (every query sees every key; padding still hidden), and causal without masked-block skipping
+    (at.Shape(16, 20, 4, 2, 16, causal=False), at.Config(cols=2, heads_per_col=2, tile_q=4, tile_k=8)),
+    (at.Shape(16, 16, 4, 2, 16), at.Config(cols=2, heads_per_col=2, tile_q=4, tile_k=8, skip_masked=False)),
 ]
 
 
@@ -124,3 +127,21 @@ def test_candidates_fit_and_scalar_variant_is_modeled_slower():
     vec = time_design(at.make_design(shape, cands[0]))
     sca = time_design(at.make_design(shape, cands[-1]))
     assert sca.seconds > vec.seconds
+
+
+def test_non_causal_sees_every_key_and_skipping_masked_blocks_is_a_timing_choice_only():
+    shape = at.Shape(64, 64, 8, 2, 64)
+    causal, full = shape, replace(shape, causal=False)
+    ins = at.prepare_inputs(at.make_design(causal), *qkv(causal, seed=7))
+    o_causal = run_fast(at.make_design(causal), ins, exact=True)["o"]
+    o_full = run_fast(at.make_design(full), ins, exact=True)["o"]
+    assert not torch.equal(o_causal[:-1], o_full[:-1])  # earlier queries now see later keys
+    assert torch.equal(o_causal[-1], o_full[-1])  # the last query saw every key either way
+    cfg = at.default_config(causal)
+    noskip = at.make_design(causal, replace(cfg, skip_masked=False))
+    assert torch.equal(run_fast(noskip, ins, exact=True)["o"], o_causal)
+    long = at.Shape(1024, 1024, 32, 8, 64)
+    cfg = at.default_config(long)
+    designs = (long, cfg), (long, replace(cfg, skip_masked=False)), (replace(long, causal=False), cfg)
+    t_skip, t_noskip, t_full = (time_design(at.make_design(sh, c)).seconds for sh, c in designs)
+    assert t_skip < 0.7 * t_noskip and t_noskip == pytest.approx(t_full, rel=0.02)  # a causal triangle is ~half

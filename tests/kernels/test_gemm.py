@@ -18,7 +18,21 @@ CASES = [
     ((16, 64, 32), gemm.Config(rows=2, cols=4, tile_m=8, tile_k=16, tile_n=8, variant="bfp16")),
     ((8, 16, 12), gemm.Config(rows=1, cols=2, tile_m=4, tile_k=4, tile_n=4, variant="scalar", depth=1)),
     ((1, 40, 36), gemm.Config(rows=1, cols=4, tile_m=4, tile_k=8, tile_n=8, pad=True)),
+    # AIR's orientation (herd [herd_m, herd_n]: columns split M, rows split N), split W links, 3- and 6-tile herds
+    ((64, 32, 32), gemm.Config(rows=2, cols=4, tile_m=16, tile_k=16, tile_n=16, orient="m_cols")),
+    ((48, 96, 32), gemm.Config(rows=4, cols=3, tile_m=16, tile_k=16, tile_n=8, orient="m_cols", acc="bf16")),
+    ((96, 24, 16), gemm.Config(rows=3, cols=6, tile_m=8, tile_k=8, tile_n=8, orient="m_cols")),
+    ((40, 20, 16), gemm.Config(rows=1, cols=6, tile_m=4, tile_k=8, tile_n=8, orient="m_cols", pad=True)),
 ]
+
+
+def test_herd_is_tiles_along_m_then_n_in_either_orientation():
+    assert gemm.herd(gemm.Config(rows=4, cols=8)) == (4, 8)
+    assert gemm.herd(gemm.Config(rows=4, cols=8, orient="m_cols")) == (8, 4)
+    p = gemm.padded_shape(gemm.Shape(500, 500, 64), gemm.Config(rows=4, cols=8, tile_n=128, orient="m_cols", pad=True))
+    assert (p.m, p.n) == (512, 512)
+    with pytest.raises(DesignError, match="orientation"):
+        gemm.make_design(gemm.Shape(64, 64, 64), gemm.Config(rows=1, cols=1, orient="sideways"))
 
 
 def _inputs(m, n, k, seed=0):

@@ -1,8 +1,13 @@
-"""Causal grouped-query attention: prefill flash attention and decode attention over the KV cache.
+"""Grouped-query attention, causal or not: prefill flash attention and decode attention over the KV cache.
 
 One family, one dataflow: ``q_len`` queries at absolute positions ``kv_len - q_len ..`` attend to
 ``kv_len`` keys (prefill without a cache: q_len == kv_len; decode: q_len == 1, kv_len = context).
 Query head h reads KV head h // (n_heads / n_kv_heads), as transformers' ``repeat_kv`` does.
+``Shape.causal`` (default True, what a decoder runs) hides every key after its query; a non-causal shape (an
+encoder, or AIR's non-causal registry rows) lets every query see all ``kv_len`` keys. ``Config.skip_masked``
+(default True) is the design choice of whether a causal unit streams and computes only the key blocks its last
+query can see, or every block (masked scores computed and discarded, as a kernel without block skipping does):
+same numbers, different time.
 
 Tensors (seq-first, as the projections write them; no host transposes):
 - ``q`` [q_len, n_heads * head_dim] (after RoPE), ``o`` [q_len, n_heads * head_dim];
@@ -97,6 +102,7 @@ class Shape:
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    causal: bool = True
 
     @property
     def group(self) -> int:
@@ -125,6 +131,7 @@ class Config:
     depth: int = 2  # depth of the key/value fifos (q and o are held per unit, depth 1)
     variant: str = "vector"
     q_tiles_per_col: int = 1  # consecutive query tiles of the same heads per unit, one per worker
+    skip_masked: bool = True  # causal: stream/compute only the key blocks a unit can see (False: every block)
 
     @property
     def workers_per_col(self) -> int:
@@ -142,7 +149,10 @@ def kv_rows(shape: Shape, config: Config) -> int:
 
 
 def blocks_needed(shape: Shape, config: Config, q_tile: int) -> int:
-    """Key blocks query tile ``q_tile`` can see: up to the block holding its last query's position."""
+    """Key blocks query tile ``q_tile`` computes: causal with skipping, up to the block holding its last query's
+    position; otherwise every block of the (padded) cache."""
+    if not shape.causal or not config.skip_masked:
+        return kv_rows(shape, config) // config.tile_k
     last = shape.q_start + (q_tile + 1) * config.tile_q - 1
     return last // config.tile_k + 1
 
@@ -221,6 +231,12 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     return k_pos[None, :] > q_pos[:, None]
 
 
+def hidden(shape: Shape, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """True where a query must not see a key: after it (causal), or a padding row beyond ``kv_len`` (always)."""
+    pad = (k_pos >= shape.kv_len)[None, :].expand(len(q_pos), len(k_pos))
+    return causal_mask(q_pos, k_pos) | pad if shape.causal else pad
+
+
 def _split_kv(kv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
     """kv [rows, 2 * kv_dim] -> k, v [n_kv_heads, rows, head_dim] (views, no copy)."""
     rows = kv.shape[0]
@@ -238,10 +254,12 @@ def attend_exact(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) -
     q_pos = torch.arange(shape.q_start, shape.kv_len)
     for b in range(kv.shape[0] // tile_k):
         k0 = b * tile_k
-        r0 = max(0, k0 - shape.q_start)  # earlier queries see nothing of this block: a no-op for them
+        # causal: earlier queries see nothing of this block (an exact no-op for them, so skipping it or not is the
+        # same number); non-causal: every query sees every block
+        r0 = max(0, k0 - shape.q_start) if shape.causal else 0
         if r0 >= t:
             break
-        masked = causal_mask(q_pos[r0:], torch.arange(k0, k0 + tile_k))
+        masked = hidden(shape, q_pos[r0:], torch.arange(k0, k0 + tile_k))
         kb, vb = k[:, None, k0 : k0 + tile_k], v[:, None, k0 : k0 + tile_k]
         part = (m[..., r0:], l[..., r0:], acc[..., r0:, :])
         m[..., r0:], l[..., r0:], acc[..., r0:, :] = block_update(qh[..., r0:, :], kb, vb, masked, part, scale, True)
@@ -258,12 +276,12 @@ def attend_fast(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) ->
     for r0 in range(0, t, FAST_CHUNK_ROWS):
         r1 = min(t, r0 + FAST_CHUNK_ROWS)
         q_pos = torch.arange(shape.q_start + r0, shape.q_start + r1)
-        nb = (shape.q_start + r1 - 1) // tile_k + 1
+        nb = (shape.q_start + r1 - 1) // tile_k + 1 if shape.causal else kv.shape[0] // tile_k
         keys = nb * tile_k
         kb = k[:, :keys].to(torch.float32)  # [KV, keys, d]
         vb = v[:, :keys].to(torch.float32).reshape(shape.n_kv_heads, nb, tile_k, d)
         s = torch.einsum("kgnd,ksd->kgns", qh[..., r0:r1, :], kb) * scale
-        s = s.masked_fill(causal_mask(q_pos, torch.arange(keys)), float("-inf"))
+        s = s.masked_fill(hidden(shape, q_pos, torch.arange(keys)), float("-inf"))
         s = s.reshape(*s.shape[:-1], nb, tile_k)
         m_run = torch.cummax(s.amax(-1), dim=-1).values  # running max after each block [KV, g, n, nb]
         p = torch.exp(s - m_run[..., None])
@@ -341,7 +359,7 @@ def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> Til
         if ctx.first:
             sc["state"] = initial_state((), tq, d)
         q0 = shape.q_start + tiles_of[ctx.worker][ctx.iteration] * tq
-        masked = causal_mask(torch.arange(q0, q0 + tq), torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
+        masked = hidden(shape, torch.arange(q0, q0 + tq), torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
         sc["state"] = block_update(q, kv[:, 0], kv[:, 1], masked, sc["state"], scale, True)
         if ctx.last:
             outs[0].copy_(finish(sc["state"]))
@@ -455,7 +473,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
                 )
             )
     design = Design(
-        name=f"attention_{shape.q_len}x{shape.kv_len}_h{shape.n_heads}_kv{shape.n_kv_heads}_d{d}",
+        name=f"attention_{shape.q_len}x{shape.kv_len}_h{shape.n_heads}_kv{shape.n_kv_heads}_d{d}"
+        + ("" if shape.causal else "_noncausal")
+        + ("" if config.skip_masked or not shape.causal else "_noskip"),
         device=device,
         inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape)],
         outputs=[TensorSpec("o", q_shape)],
@@ -472,7 +492,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         ),
         fast=_fast(shape, config),
     )
-    useful = 2 * shape.q_len * shape.n_heads * d * (shape.q_start + (shape.q_len + 1) / 2)
+    seen = shape.q_start + (shape.q_len + 1) / 2 if shape.causal else shape.kv_len  # keys per query, on average
+    useful = 2 * shape.q_len * shape.n_heads * d * seen
     design.meta = {
         "family": FAMILY,
         "shape": asdict(shape),
@@ -540,12 +561,18 @@ def prepare_inputs(design: Design, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
-    """FP32 causal GQA attention of the oracle (``oracle.ops.attention``) on the unpacked kv rows."""
+    """FP32 GQA attention on the unpacked kv rows: the oracle's (``oracle.ops.attention``) when causal; a plain
+    softmax over every key otherwise."""
     if shape is None:
         raise ConfigError("attention.reference needs the shape (heads, head_dim, lengths); pass shape=Shape(...).")
     kv = inputs["kv"][: shape.kv_len]
     k, v = kv[:, : shape.kv_dim], kv[:, shape.kv_dim :]
     d = shape.head_dim
+    if not shape.causal:
+        qh = inputs["q"].float().reshape(shape.q_len, shape.n_kv_heads, shape.group, d)
+        kh, vh = k.float().reshape(-1, shape.n_kv_heads, d), v.float().reshape(-1, shape.n_kv_heads, d)
+        p = torch.softmax(torch.einsum("tkgd,skd->kgts", qh, kh) / math.sqrt(d), dim=-1)
+        return {"o": torch.einsum("kgts,skd->tkgd", p, vh).reshape(shape.q_len, shape.q_dim)}
     o = ops.attention(
         inputs["q"].reshape(shape.q_len, shape.n_heads, d),
         k.reshape(shape.kv_len, shape.n_kv_heads, d),

@@ -3,15 +3,20 @@
 Weights stay in Hugging Face [out, in] layout: a W tile is (tile_n, tile_k) and the kernel multiplies
 A_tile @ W_tile^T, so no host transpose is ever needed.
 
-Dataflow (rows <= 4 x cols <= 8 compute tiles, worker (r, c) on tile (c, 2 + r)):
-- A enters through ``n_a = largest divisor of rows <= cols`` shim/memory-tile pairs; each memory tile
-  splits a (rows_per_link * tile_m, tile_k) object into one (tile_m, tile_k) object per row, and that row
-  fifo is broadcast to every worker of the row.
-- W enters per column through the column's memory tile (forward) and is broadcast down the column.
-- each worker's C tile goes to its column's memory tile, where the rows are joined into one
-  (rows * tile_m, tile_n) object drained through the column's shim.
-Worker (r, c) computes C tiles (mb * rows + r, nb * cols + c) for mb over M blocks, nb over N blocks;
-per C tile it holds C and streams K / tile_k pairs of A and W tiles (one kernel call each).
+Dataflow (rows <= 4 x cols <= 8 compute tiles, worker (r, c) on tile (c, 2 + r)), in one of two orientations:
+- ``orient="m_rows"`` (IRON's layout): the rows split M, the columns split N. A enters through ``n_a = largest
+  divisor of rows <= cols`` shim/memory-tile pairs; each memory tile splits a (rows_per_link * tile_m, tile_k)
+  object into one (tile_m, tile_k) object per row, and that row fifo is broadcast to every worker of the row. W
+  enters per column through the column's memory tile (forward) and is broadcast down the column. Worker (r, c)
+  computes C tiles (mb * rows + r, nb * cols + c).
+- ``orient="m_cols"`` (AIR's layout: its herd [herd_m, herd_n] puts herd_m on the columns and herd_n on the rows,
+  "N=32 -> tile_n=32, herd_n=1"): the columns split M, the rows split N; the operands swap roles (W is split per
+  row and broadcast along it, A forwarded per column and broadcast down it). Worker (r, c) computes C tiles
+  (mb * cols + c, nb * rows + r).
+Either way each worker's C tile goes to its column's memory tile, where the rows are joined into one
+(rows * tile_m, tile_n) object drained through the column's shim (the drain pattern puts every row's tile in
+place). Per C tile a worker holds C and streams K / tile_k pairs of A and W tiles (one kernel call each).
+``herd(config)`` gives (tiles along M, tiles along N).
 
 Numerics: bf16 operands (or block-FP16 for variant "bfp16"), exact per-call partial sums, accumulated
 in an fp32 scratch accumulator and rounded once (acc="fp32"), or accumulated in the bf16 C buffer and so
@@ -59,6 +64,15 @@ class Config:
     acc: str = "fp32"
     depth: int = 2
     pad: bool = False
+    orient: str = "m_rows"  # "m_rows": rows split M (IRON); "m_cols": columns split M (AIR's herd [herd_m, herd_n])
+
+
+ORIENTS = ("m_rows", "m_cols")
+
+
+def herd(config: Config) -> tuple[int, int]:
+    """(tiles along M, tiles along N) of a config: AIR's [herd_m, herd_n]."""
+    return (config.rows, config.cols) if config.orient == "m_rows" else (config.cols, config.rows)
 
 
 def _err(message: str) -> DesignError:
@@ -71,9 +85,8 @@ def padded_shape(shape: Shape, config: Config) -> Shape:
     def up(x: int, b: int) -> int:
         return -(-x // b) * b
 
-    return Shape(
-        up(shape.m, config.rows * config.tile_m), up(shape.n, config.cols * config.tile_n), up(shape.k, config.tile_k)
-    )
+    hm, hn = herd(config)
+    return Shape(up(shape.m, hm * config.tile_m), up(shape.n, hn * config.tile_n), up(shape.k, config.tile_k))
 
 
 def l1_bytes(config: Config) -> int:
@@ -86,6 +99,8 @@ def l1_bytes(config: Config) -> int:
 def _check_config(shape: Shape, config: Config, device: Device) -> None:
     if config.variant not in VARIANTS:
         raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    if config.orient not in ORIENTS:
+        raise _err(f"orientation {config.orient!r} is unknown; use one of {ORIENTS}")
     if config.acc not in nx.ACCUMULATORS:
         raise _err(f"accumulator {config.acc!r} is unknown; use one of {nx.ACCUMULATORS}")
     if not 1 <= config.rows <= min(4, device.compute_rows) or not 1 <= config.cols <= device.columns:
@@ -106,9 +121,10 @@ def _check_config(shape: Shape, config: Config, device: Device) -> None:
     if min(shape.m, shape.n, shape.k) < 1:
         raise _err(f"shape {shape} has an empty dimension")
     if not config.pad and padded_shape(shape, config) != shape:
+        hm, hn = herd(config)
         raise _err(
-            f"M={shape.m}, N={shape.n}, K={shape.k} do not tile into blocks of {config.rows}x{config.tile_m}, "
-            f"{config.cols}x{config.tile_n}, {config.tile_k}; pick another config or set pad=True"
+            f"M={shape.m}, N={shape.n}, K={shape.k} do not tile into blocks of {hm}x{config.tile_m}, "
+            f"{hn}x{config.tile_n}, {config.tile_k}; pick another config or set pad=True"
         )
 
 
@@ -159,48 +175,60 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     _check_config(shape, config, device)
     p = padded_shape(shape, config)
     rows, cols, tm, tk, tn, depth = config.rows, config.cols, config.tile_m, config.tile_k, config.tile_n, config.depth
-    mb_count, nb_count, kt = p.m // (rows * tm), p.n // (cols * tn), p.k // tk
-    n_a = _a_links(rows, cols)
-    rpl = rows // n_a
+    hm, hn = herd(config)
+    mb_count, nb_count, kt = p.m // (hm * tm), p.n // (hn * tn), p.k // tk
+    n_s = _a_links(rows, cols)
+    rpl = rows // n_s
+    # the operand split per row (broadcast along it) and the one forwarded per column (broadcast down it)
+    m_rows = config.orient == "m_rows"
+    split_op, col_op = ("A", "W") if m_rows else ("W", "A")
+    split_rows = tm if m_rows else tn  # rows of the split operand in one row's object
+    col_rows = tn if m_rows else tm
 
     fifos: list[Fifo] = []
     links = []
-    for j in range(n_a):
-        fifos.append(Fifo(f"A_l2_{j}", (rpl * tm, tk), "bf16", depth, shim_placement=Tile(j, SHIM_ROW)))
-        dsts = [f"A_{j * rpl + i}" for i in range(rpl)]
+    for j in range(n_s):
+        src = f"{split_op}_l2_{j}"
+        fifos.append(Fifo(src, (rpl * split_rows, tk), "bf16", depth, shim_placement=Tile(j, SHIM_ROW)))
+        dsts = [f"{split_op}_{j * rpl + i}" for i in range(rpl)]
         for d in dsts:
-            fifos.append(Fifo(d, (tm, tk), "bf16", depth))
+            fifos.append(Fifo(d, (split_rows, tk), "bf16", depth))
+        name = f"{split_op}_link_{j}"
         if rpl == 1:
-            links.append(forward(f"A_link_{j}", f"A_l2_{j}", dsts[0], Tile(j, MEM_ROW)))
+            links.append(forward(name, src, dsts[0], Tile(j, MEM_ROW)))
         else:
-            links.append(split(f"A_link_{j}", f"A_l2_{j}", dsts, [i * tm * tk for i in range(rpl)], Tile(j, MEM_ROW)))
+            links.append(split(name, src, dsts, [i * split_rows * tk for i in range(rpl)], Tile(j, MEM_ROW)))
     for c in range(cols):
-        fifos.append(Fifo(f"W_l2_{c}", (tn, tk), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
-        fifos.append(Fifo(f"W_{c}", (tn, tk), "bf16", depth))
-        links.append(forward(f"W_link_{c}", f"W_l2_{c}", f"W_{c}", Tile(c, MEM_ROW)))
+        fifos.append(Fifo(f"{col_op}_l2_{c}", (col_rows, tk), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
+        fifos.append(Fifo(f"{col_op}_{c}", (col_rows, tk), "bf16", depth))
+        links.append(forward(f"{col_op}_link_{c}", f"{col_op}_l2_{c}", f"{col_op}_{c}", Tile(c, MEM_ROW)))
         fifos.append(Fifo(f"C_l2_{c}", (rows * tm, tn), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
         srcs = [f"C_{r}_{c}" for r in range(rows)]
-        for s in srcs:
-            fifos.append(Fifo(s, (tm, tn), "bf16", depth))
+        for s_ in srcs:
+            fifos.append(Fifo(s_, (tm, tn), "bf16", depth))
         links.append(join(f"C_link_{c}", srcs, f"C_l2_{c}", [r * tm * tn for r in range(rows)], Tile(c, MEM_ROW)))
 
     kernel = _kernel(config)
+
+    def operands(r: int, c: int) -> tuple[str, str]:
+        return (f"A_{r}", f"W_{c}") if m_rows else (f"A_{c}", f"W_{r}")
+
     workers = [
         Worker(
             name=f"mm_{r}_{c}",
             kernel=kernel,
-            inputs=(f"A_{r}", f"W_{c}"),
+            inputs=operands(r, c),
             outputs=(f"C_{r}_{c}",),
             iterations=mb_count * nb_count,
             placement=Tile(c, FIRST_COMPUTE_ROW + r),
             local_bytes=4 * tm * tn if config.acc == "fp32" else 0,
-            acquires={f"A_{r}": kt, f"W_{c}": kt, f"C_{r}_{c}": 1},
+            acquires={operands(r, c)[0]: kt, operands(r, c)[1]: kt, f"C_{r}_{c}": 1},
             calls_per_iteration=kt,
         )
         for r in range(rows)
         for c in range(cols)
     ]
-    runtime = _runtime(p, config, n_a, rpl, device)
+    runtime = _runtime(p, config, n_s, rpl, device)
     design = Design(
         name=f"gemm_{shape.m}x{shape.n}x{shape.k}",
         device=device,
@@ -227,25 +255,45 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     return design
 
 
-def _runtime(p: Shape, config: Config, n_a: int, rpl: int, device: Device) -> Runtime:
-    """Fill/drain tasks in task groups of (M block, run of N blocks), each group small enough for the shim BDs."""
+def _runtime(p: Shape, config: Config, n_s: int, rpl: int, device: Device) -> Runtime:
+    """Fill/drain tasks in task groups of (M block, run of N blocks), each group small enough for the shim BDs.
+
+    Within a group the operand that stays (A: the M block) is re-read once per N block (a zero stride), the other
+    streams its N blocks."""
     rows, cols, tm, tk, tn = config.rows, config.cols, config.tile_m, config.tile_k, config.tile_n
-    mb_count, nb_count, kt = p.m // (rows * tm), p.n // (cols * tn), p.k // tk
+    hm, hn = herd(config)
+    mb_count, nb_count, kt = p.m // (hm * tm), p.n // (hn * tn), p.k // tk
+    m_rows = config.orient == "m_rows"
 
     def chunk_tasks(mb: int, n0: int, n1: int) -> list[tuple[str, str, str, object, int]]:
         nbs = n1 - n0
         out = []
-        for j in range(n_a):
-            off = (mb * rows + j * rpl) * tm * p.k
-            for tap in legal_taps((p.m, p.k), off, [nbs, kt, rpl * tm, tk], [0, tk, p.k, 1]):
-                out.append(("fill", f"A_l2_{j}", "a", tap, j))
+        if m_rows:
+            for j in range(n_s):
+                off = (mb * rows + j * rpl) * tm * p.k
+                for tap in legal_taps((p.m, p.k), off, [nbs, kt, rpl * tm, tk], [0, tk, p.k, 1]):
+                    out.append(("fill", f"A_l2_{j}", "a", tap, j))
+        else:
+            for j in range(n_s):
+                off = (n0 * rows + j * rpl) * tn * p.k
+                for tap in legal_taps((p.n, p.k), off, [nbs, kt, rpl * tn, tk], [rows * tn * p.k, tk, p.k, 1]):
+                    out.append(("fill", f"W_l2_{j}", "w", tap, j))
         for c in range(cols):
-            off = (n0 * cols + c) * tn * p.k
-            for tap in legal_taps((p.n, p.k), off, [nbs, kt, tn, tk], [cols * tn * p.k, tk, p.k, 1]):
-                out.append(("fill", f"W_l2_{c}", "w", tap, c))
-            off = mb * rows * tm * p.n + (n0 * cols + c) * tn
-            for tap in legal_taps((p.m, p.n), off, [nbs, rows * tm, tn], [cols * tn, p.n, 1]):
-                out.append(("drain", f"C_l2_{c}", "c", tap, c))
+            if m_rows:
+                off = (n0 * cols + c) * tn * p.k
+                for tap in legal_taps((p.n, p.k), off, [nbs, kt, tn, tk], [cols * tn * p.k, tk, p.k, 1]):
+                    out.append(("fill", f"W_l2_{c}", "w", tap, c))
+                off = mb * rows * tm * p.n + (n0 * cols + c) * tn
+                for tap in legal_taps((p.m, p.n), off, [nbs, rows * tm, tn], [cols * tn, p.n, 1]):
+                    out.append(("drain", f"C_l2_{c}", "c", tap, c))
+            else:
+                off = (mb * cols + c) * tm * p.k
+                for tap in legal_taps((p.m, p.k), off, [nbs, kt, tm, tk], [0, tk, p.k, 1]):
+                    out.append(("fill", f"A_l2_{c}", "a", tap, c))
+                # the joined object holds row r's (tm, tn) tile at r * tm * tn: C block (M block c, N block r)
+                off = (mb * cols + c) * tm * p.n + n0 * rows * tn
+                for tap in legal_taps((p.m, p.n), off, [nbs, rows, tm, tn], [rows * tn, tn, p.n, 1]):
+                    out.append(("drain", f"C_l2_{c}", "c", tap, c))
         return out
 
     def fits(tasks) -> bool:

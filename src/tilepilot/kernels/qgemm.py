@@ -220,7 +220,9 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     device = device or npu2()
     out = []
     for c in gemm.candidate_configs(gemm.Shape(shape.m, shape.n, shape.k), device):
-        cfg = Config(**asdict(c), fmt=shape.fmt, block=shape.block)
+        if c.orient != "m_rows":  # the packed weight path is built per column: IRON's orientation only
+            continue
+        cfg = Config(**{k: v for k, v in asdict(c).items() if k != "orient"}, fmt=shape.fmt, block=shape.block)
         if fits(shape, cfg, device):
             out.append(cfg)
     return out
