@@ -32,6 +32,7 @@ def test_report_json_has_the_documented_shape_and_a_stable_order():
         "end_to_end",
         "kernels",
         "cross_validation",
+        "paper_predictions",
         "limits",
         "fitted_constants",
         "failures",
@@ -210,3 +211,15 @@ def test_rows_are_built_with_airs_herd_orientation_and_their_causal_flag():
     causal, full = (r.design() for r in rows["flash_attention"])
     assert causal.meta["shape"]["causal"] is True and full.meta["shape"]["causal"] is False
     assert ca.time_row(rows["flash_attention"][1]).modeled > ca.time_row(rows["flash_attention"][0]).modeled
+
+
+def test_paper_deployments_are_timed_and_only_llama_informs_the_fit():
+    """Issue 11 item 4: the paper's deployments through our paper-like plan beside the published TTFT and decode
+    tok/s; Llama-3.2-1B is the one the end-to-end stage fits, every other model is labelled a prediction."""
+    preds = {p.model: p for p in ca.paper_predictions(models=["llama-3.2-1b", "qwen2.5-0.5b"])}
+    assert set(preds) == {"llama-3.2-1b", "qwen2.5-0.5b"}
+    assert preds["llama-3.2-1b"].role == "fit" and preds["qwen2.5-0.5b"].role == "prediction"
+    q = preds["qwen2.5-0.5b"].to_dict()
+    assert q["ttft_published_s"] == 0.99 and q["decode_tok_s_published"] == 11.9
+    assert q["dispatches_per_layer_published"] == [4, 5] and q["dispatches_per_layer_modeled"] == [3, 2]
+    assert q["ttft_ratio"] == pytest.approx(q["ttft_modeled_s"] / 0.99) and q["ttft_modeled_s"] > 0

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from tilepilot.kernels import gemm
+from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.device import partition
 from tilepilot.npu.execute import run_fast, run_tile
+from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate
 
 CASES = [
@@ -148,3 +152,20 @@ def test_candidates_prefiltered_consistently_with_the_validator():
     assert cands[0] == gemm.default_config(shape) and len(cands) > 20
     for cfg in cands[:: max(1, len(cands) // 25)]:
         assert validate(gemm.make_design(shape, cfg)) == [], cfg
+
+
+def test_direct_partial_sums_round_trip_once_per_l2_k_tile():
+    """AIR's `direct` method: bf16 partial sums leave and re-enter each worker once per L2 K tile but the last; the
+    modeled launch grows by that many serial round trips, and fp32 accumulation (drain) has none."""
+    shape = gemm.Shape(512, 512, 1024)
+    base = gemm.Config(rows=4, cols=8, tile_m=32, tile_k=32, tile_n=32, acc="bf16", orient="m_cols")
+    plain, tiled = gemm.make_design(shape, base), gemm.make_design(shape, replace(base, tile_k_l2=256))
+    assert tuple(tiled.meta["spill"]) == (3, 2 * 32 * 32)
+    trip = 2 * (CALIBRATION.dma_hop_latency_cycles + 2 * 32 * 32 / plain.device.stream_bytes_per_cycle)
+    w_plain, w_tiled = time_design(plain).workers[0], time_design(tiled).workers[0]
+    assert w_tiled.iteration_cycles - w_plain.iteration_cycles == pytest.approx(3 * trip)
+    assert time_design(tiled).seconds > time_design(plain).seconds
+    drain = gemm.make_design(shape, replace(base, acc="fp32", tile_k_l2=256))
+    assert tuple(drain.meta["spill"]) == (0, 0)
+    with pytest.raises(DesignError, match="L2 K tile"):
+        gemm.make_design(shape, replace(base, tile_k_l2=48))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilepilot.calibrate.harness import (
+    E2E_FIT_PARAMS,
     KERNEL_FIT_PARAMS,
     CalibrationReport,
     Figure,
@@ -31,7 +32,14 @@ from tilepilot.calibrate.harness import (
     time_row,
 )
 from tilepilot.errors import ConfigError
-from tilepilot.npu.calibration import PRIOR, Calibration
+from tilepilot.npu.calibration import (
+    IRON_CONFIGURE_S,
+    IRON_DESIGN_SWITCH_S,
+    IRON_DISPATCH_S,
+    IRON_RESET_S,
+    PRIOR,
+    Calibration,
+)
 
 FOLDS = 5
 # Rounds of the coordinate search per fold: the full fit's default (a fold must be fitted as the frozen constants
@@ -46,6 +54,10 @@ class FitChoice:
     name: str
     params: tuple[str, ...]
     description: str
+    fixed: tuple[tuple[str, float], ...] = ()  # constants set before the fit and held (measured elsewhere)
+
+    def start(self, prior: Calibration) -> Calibration:
+        return prior.tuned(**dict(self.fixed)) if self.fixed else prior
 
     def expand(self, rows: dict[str, list[KernelRow]]) -> list[str]:
         families = sorted(set().union(*(r.families() for rs in rows.values() for r in rs)))
@@ -71,6 +83,27 @@ FIT_CHOICES: tuple[FitChoice, ...] = (
         "plus-pipeline-latencies",
         (*KERNEL_FIT_PARAMS, "dma_hop_latency_cycles", "loop_overhead_cycles", "eff:*"),
         "as the first, with the DMA hop latency and the per-call loop overhead free as well",
+    ),
+    FitChoice(
+        "iron-dispatch-floor",
+        ("ddr_bytes_per_s", "shim_channel_bytes_per_s", "dma_hop_latency_cycles", "eff:*"),
+        "the dispatch floor made of IRON's measured parts, none fitted: a standalone dispatch = dispatch + base "
+        "configure, no per-tile term, a further launch in one dispatch = a design switch",
+        (
+            ("dispatch_overhead_s", IRON_DISPATCH_S + IRON_CONFIGURE_S),
+            ("tile_config_s", 0.0),
+            ("launch_in_group_s", IRON_DESIGN_SWITCH_S),
+        ),  # fmt: skip
+    ),
+    FitChoice(
+        "iron-dispatch-floor-with-reset",
+        ("ddr_bytes_per_s", "shim_channel_bytes_per_s", "dma_hop_latency_cycles", "eff:*"),
+        "as above with IRON's array reset in every standalone dispatch",
+        (
+            ("dispatch_overhead_s", IRON_DISPATCH_S + IRON_RESET_S + IRON_CONFIGURE_S),
+            ("tile_config_s", 0.0),
+            ("launch_in_group_s", IRON_DESIGN_SWITCH_S),
+        ),  # fmt: skip
     ),
 )
 FROZEN_CHOICE = FIT_CHOICES[0].name  # the choice npu/calibration.py's kernel constants were fitted with
@@ -142,7 +175,7 @@ def cross_validate(
     cals = []
     for f in range(folds):
         train = {t: [r for r in rs if fold[r.key] != f] for t, rs in rows.items()}
-        cal = fit(train, start, rounds=rounds, params=params).calibration
+        cal = fit(train, choice.start(start), rounds=rounds, params=params).calibration
         cals.append(cal)
         for t, rs in rows.items():
             for r in rs:
@@ -191,9 +224,11 @@ def fit_all(progress: Callable[[str], None] | None = None, *, end_to_end: bool =
     constants to Llama-3.2-1B. Reproducible: the same reference files and prior give the same result."""
     rows = kernel_rows()
     chosen, results = choose(rows, progress=progress)
-    kernel = fit(rows, PRIOR, params=chosen.choice.expand(rows), progress=progress)
+    kernel = fit(rows, chosen.choice.start(PRIOR), params=chosen.choice.expand(rows), progress=progress)
+    held = {name for name, _ in chosen.choice.fixed}  # measured elsewhere: the end-to-end stage leaves them too
+    e2e_params = [p for p in E2E_FIT_PARAMS if p not in held]
     e2e = (
-        fit_end_to_end(kernel.calibration, progress=progress)
+        fit_end_to_end(kernel.calibration, params=e2e_params, progress=progress)
         if end_to_end
         else FitResult(kernel.calibration, 0.0, 0.0, {}, 0)
     )

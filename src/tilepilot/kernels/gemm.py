@@ -65,6 +65,9 @@ class Config:
     depth: int = 2
     pad: bool = False
     orient: str = "m_rows"  # "m_rows": rows split M (IRON); "m_cols": columns split M (AIR's herd [herd_m, herd_n])
+    # AIR's L2 K tile: with bf16 accumulation (its "direct" method) the partial sum leaves the tile after every
+    # tile_k_l2 of K and comes back for the next (a memory-tile round trip the kernel waits for). 0: no L2 K tiling.
+    tile_k_l2: int = 0
 
 
 ORIENTS = ("m_rows", "m_cols")
@@ -120,6 +123,8 @@ def _check_config(shape: Shape, config: Config, device: Device) -> None:
         )
     if min(shape.m, shape.n, shape.k) < 1:
         raise _err(f"shape {shape} has an empty dimension")
+    if config.tile_k_l2 < 0 or config.tile_k_l2 % config.tile_k:
+        raise _err(f"L2 K tile {config.tile_k_l2} is not a whole number of {config.tile_k}-wide L1 K chunks")
     if not config.pad and padded_shape(shape, config) != shape:
         hm, hn = herd(config)
         raise _err(
@@ -251,8 +256,17 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         "useful_macs": shape.m * shape.n * shape.k,
         "ddr_read_bytes": design.ddr_read_bytes(),
         "ddr_write_bytes": design.ddr_write_bytes(),
+        "spill": spill(p, config),
     }
     return design
+
+
+def spill(p: Shape, config: Config) -> tuple[int, int]:
+    """(round trips per C tile, bytes each way) of the partial sum a worker sends out and waits to get back: with
+    bf16 accumulation and an L2 K tile, once per L2 K tile but the last (AIR's "direct" method); else none."""
+    if config.acc != "bf16" or not config.tile_k_l2 or config.tile_k_l2 >= p.k:
+        return 0, 0
+    return -(-p.k // config.tile_k_l2) - 1, 2 * config.tile_m * config.tile_n
 
 
 def _runtime(p: Shape, config: Config, n_s: int, rpl: int, device: Device) -> Runtime:

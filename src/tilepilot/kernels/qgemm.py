@@ -220,9 +220,10 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     device = device or npu2()
     out = []
     for c in gemm.candidate_configs(gemm.Shape(shape.m, shape.n, shape.k), device):
-        if c.orient != "m_rows":  # the packed weight path is built per column: IRON's orientation only
+        if c.orient != "m_rows" or c.tile_k_l2:  # the packed weight path is per column, IRON's orientation only
             continue
-        cfg = Config(**{k: v for k, v in asdict(c).items() if k != "orient"}, fmt=shape.fmt, block=shape.block)
+        own = {f.name for f in fields(Config)}
+        cfg = Config(**{k: v for k, v in asdict(c).items() if k in own}, fmt=shape.fmt, block=shape.block)
         if fits(shape, cfg, device):
             out.append(cfg)
     return out

@@ -25,6 +25,14 @@ from dataclasses import dataclass, fields, replace
 from tilepilot.errors import ConfigError
 from tilepilot.npu.device import DDR_BYTES_PER_S_THEORETICAL, Device
 
+# The parts of one dispatch IRON measured on NPU2 (amd/IRON iron/applications/llama_3_2_1b/decode_costs_npu2.json,
+# 2026-09-26, turbo; published.json "iron_dispatch_costs_us"), midpoints of the published ranges. Measured, not
+# fitted: a fit choice that builds the dispatch floor from them (calibrate/crossval.py) holds them fixed.
+IRON_DISPATCH_S = (43.7e-6 + 50.1e-6) / 2  # kernel() + wait() through XRT
+IRON_RESET_S = (33.5e-6 + 38.7e-6) / 2  # resetting the array between runs
+IRON_CONFIGURE_S = (31.7e-6 + 32.4e-6) / 2  # base configuration of a design
+IRON_DESIGN_SWITCH_S = (38.5e-6 + 39.3e-6) / 2  # switching to another design (a further launch in one dispatch)
+
 # Kernel families whose efficiency the table below names; any other family uses ``default_efficiency``.
 # The numbers are what fraction of the variant's peak rate (MACs/cycle or vector ops/cycle) the tile
 # kernel sustains inside its loop, loop overhead excluded.
