@@ -72,11 +72,12 @@ def smollm2_spec() -> ModelSpec | None:
 def tuned(plan: DeploymentPlan, spec: ModelSpec) -> DeploymentPlan:
     """Every decode projection at the tile tuner's best config (modeled), the format's fields kept."""
     graph = block_graph(spec)
-    for g in plan.decode.block:
+    for g in plan.decode.groups():
         for c in g.calls:
             if c.family not in ("gemv", "qgemv"):
                 continue
-            n, k = weight_shape(spec, graph.node(c.op).weights[0])
+            node = graph.node(c.op)
+            n, k = weight_shape(spec, node.weights[0] if node.kind == "linear" else "lm_head")
             if c.family == "gemv":
                 shape = family("gemv").Shape(n=n, k=k, m=1)
             else:

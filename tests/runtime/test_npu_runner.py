@@ -10,6 +10,7 @@ import torch
 from tilepilot.errors import InputError
 from tilepilot.gates import metrics as M
 from tilepilot.gates import thresholds as T
+from tilepilot.model.quant import deployment_weights
 from tilepilot.npu.trace import Trace
 from tilepilot.oracle.capture import capture_name
 from tilepilot.oracle.model import Oracle
@@ -35,7 +36,7 @@ def runner_greedy(runner: NpuRunner, prompt: list[int], steps: int):
 
 def phase3_measurements(weights, runner: NpuRunner) -> dict[str, float]:
     spec = weights.spec
-    oracle = Oracle(weights)
+    oracle = Oracle(deployment_weights(weights, runner.plan.weight_format()))  # the model being deployed
     names = [capture_name(i, "out") for i in range(spec.n_layers)]
     ref = oracle.prefill(PROMPT, capture=names)
     ref_greedy = oracle.greedy(PROMPT, STEPS)

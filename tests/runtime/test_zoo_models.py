@@ -41,7 +41,12 @@ def model(request, zoo_model):
     return weights, {"logits": ref.logits, "layers": [ref.captures[n] for n in names], "greedy": greedy}
 
 
-@pytest.mark.parametrize("plan_name", list(BUILTIN_PLANS))
+# the bf16 built-in plans: the reference here is the bf16 model (air-q4 deploys a quantized one; its gate against the
+# deployed model's oracle is in tests/runtime/test_npu_runner.py and tests/plan/test_air_q4.py)
+BF16_PLANS = [n for n in BUILTIN_PLANS if n != "air-q4"]
+
+
+@pytest.mark.parametrize("plan_name", BF16_PLANS)
 def test_zoo_model_passes_phase3_measurements(model, plan_name):
     weights, ref = model
     plan = builtin_plan(plan_name, weights.spec)

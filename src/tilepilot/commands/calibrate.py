@@ -16,6 +16,7 @@ from typing import Any
 
 from tilepilot.calibrate import crossval
 from tilepilot.calibrate import harness as ca
+from tilepilot.calibrate.air_q4 import air_q4_figures
 from tilepilot.calibrate.predict import predict, render
 
 
@@ -73,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     with progress or _Null():
         rows = ca.kernel_rows(tables=args.table)
         report = ca.run(rows=rows, end_to_end=not args.no_end_to_end, cpu=args.cpu)
+        if not args.no_end_to_end:  # AIR's 4-bit figures: shown as predictions, never in the fit or the pass
+            report.end_to_end += air_q4_figures(cpu=args.cpu)
         if not args.no_cv:
             crossval.attach(report, rows)
     if args.json:

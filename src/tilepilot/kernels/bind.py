@@ -215,6 +215,12 @@ BINDINGS: dict[tuple[str, str], OpBinding] = {
         lambda n, s, r, c, cfg: family_module("gemv").Shape(n=s.vocab, k=s.hidden, m=r),
         lambda d, a, s: _gemv_run(d, {**a, "_w": ("lm_head",)}, s),
     ),
+    ("lm_head", "qgemv"): OpBinding(
+        lambda n, s, r, c, cfg: family_module("qgemv").Shape(
+            n=s.vocab, k=s.hidden, m=r, fmt=cfg.get("fmt", "q4_0"), block=cfg.get("block", 32)
+        ),
+        lambda d, a, s: _qgemv_run(d, {**a, "_w": ("lm_head",)}, s),
+    ),
     ("lm_head", "gemm"): OpBinding(
         lambda n, s, r, c, cfg: family_module("gemm").Shape(m=r, n=s.vocab, k=s.hidden),
         lambda d, a, s: _gemm_run(d, {**a, "_w": ("lm_head",)}, s),

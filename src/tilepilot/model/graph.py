@@ -26,7 +26,7 @@ KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     "attention": ("attention",),
     "add": ("eltwise",),
     "swiglu": ("swiglu",),
-    "lm_head": ("lm_head", "gemv", "gemm"),
+    "lm_head": ("lm_head", "gemv", "gemm", "qgemv"),
 }
 
 HOST_FAMILY = "host"

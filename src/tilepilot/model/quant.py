@@ -263,6 +263,11 @@ class WeightFormat:
     def packs(self, field_name: str) -> bool:
         return self.quantized and field_name in LINEAR_FIELDS and field_name not in self.bf16_tensors
 
+    @property
+    def packs_head(self) -> bool:
+        """The LM head is packed too (``"lm_head"`` left out of ``bf16_tensors``); the embedding gather never is."""
+        return self.quantized and "lm_head" not in self.bf16_tensors
+
     @classmethod
     def from_dict(cls, d: dict | None) -> WeightFormat:
         d = dict(d or {})
@@ -286,6 +291,7 @@ class QuantizedWeights:
         self.format = fmt
         self.stored = stored or {}
         self._packed: dict[tuple[int, str], QuantTensor] = {}
+        self._head: QuantTensor | None = None
         self.used_stored = 0
 
     def packed(self, i: int, field_name: str) -> QuantTensor:
@@ -323,7 +329,24 @@ class QuantizedWeights:
     def final_norm(self) -> torch.Tensor:
         return self.source.final_norm()
 
+    def packed_head(self) -> QuantTensor:
+        """The LM head packed in the deployment's format (round to nearest from the source's head, which for tied
+        embeddings is the embedding table; the embedding gather itself stays bf16)."""
+        if self._head is None:
+            w = self.source.lm_head()
+            if w.device.type == "meta":
+                n, k = w.shape
+                data = torch.empty(n, row_bytes(self.format.format, k, self.format.block), dtype=torch.uint8,
+                                   device="meta")  # fmt: skip
+                self._head = QuantTensor(self.format.format, n, k, self.format.block, data)
+            else:
+                self._head = quantize(w, self.format.format, self.format.block)
+        return self._head
+
     def lm_head(self) -> torch.Tensor:
+        """The head the deployment multiplies: the dequantized packed head when the format packs it."""
+        if self.format.packs_head and self.source.lm_head().device.type != "meta":
+            return self.packed_head().deployed()
         return self.source.lm_head()
 
 

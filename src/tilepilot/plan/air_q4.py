@@ -4,8 +4,8 @@ What AIR did (reference/xdna2.md, "AIR's own 4-bit deployments", Xilinx/mlir-air
 ``fused_decode``), and how this plan says it:
 
 - weights Q4NX: per-block affine 4-bit, w = q * scale + min (``q4_1`` here, GGUF's 32-value blocks: AIR's block
-  size is not published); the embedding table and the LM head stay bf16 (``WeightFormat``'s default exceptions;
-  tilepilot has no packed LM head yet, so this plan streams a bf16 head where AIR's figures imply a 4-bit one);
+  size is not published), the LM head included (AIR's ~35.7 GB/s at 58.6 tok/s is ~610 MB per token, which a bf16
+  head of 525 MB alone would nearly fill); the embedding gather stays bf16;
 - decode in **one dispatch per token** (all layers and the LM head, ``StagePlan.one_dispatch``), attention and the
   KV writes on the NPU, the projections as quantized GEMVs over the packed blocks fed by one or both shim MM2S
   channels of each column (``weight_channels``), on 4 compute rows per column (AIR's decode cascade uses up to 4
@@ -88,22 +88,23 @@ def air_q4_plan(
     padded to 2048) or True. See the module docstring."""
     if weight_channels not in (1, 2):
         raise ConfigError(f"weight_channels is {weight_channels}; AIR fed weights over 1 or 2 shim MM2S channels")
-    fmt = fmt or WeightFormat("q4_1")
+    fmt = fmt or WeightFormat("q4_1", bf16_tensors=("embed",))
     spec = paper_like.model_spec()
     plan = fused_stage(with_weights(paper_like, fmt, packed_prefill=False))
     assert plan is not None
     graph = block_graph(spec)
-    for g in plan.decode.block:
+    for g in plan.decode.groups():
         for c in g.calls:
             if c.family == "qgemv":
-                c.config = _feed(spec, graph.node(c.op).weights[0], fmt, weight_channels)
+                node = graph.node(c.op)
+                c.config = _feed(spec, node.weights[0] if node.kind == "linear" else "lm_head", fmt, weight_channels)
     if windowed:
         plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
     plan.name = "air-q4"
     readback = f"windowed every {KV_WINDOW_STEP} rows" if windowed else f"padded to {max(plan.decode.kv_windows)}"
     plan.notes = [
-        "air-q4: AIR's Q4NX deployment (reference/xdna2.md): q4_1 (affine 4-bit) layer weights, bf16 embeddings and "
-        "LM head",
+        "air-q4: AIR's Q4NX deployment (reference/xdna2.md): q4_1 (affine 4-bit) layer weights and LM head, bf16 "
+        "embeddings",
         f"decode: one dispatch per token, attention on the NPU, weights fed on {weight_channels} shim channel(s) per "
         f"column, KV readback {readback}",
         "prefill: bf16 GEMMs over the dequantized weights, 3 dispatches per layer (paper grouping)",

@@ -315,6 +315,12 @@ def with_weights(plan: DeploymentPlan, fmt: WeightFormat, packed_prefill: bool =
                     c.family, c.config = packed, {"fmt": fmt.format, "block": fmt.block}
                 elif c.family in QUANT_FAMILIES:
                     c.family, c.config = plain, {}
+    for g in out.decode.head:  # the LM head streams packed blocks too when the format packs it
+        for c in g.calls:
+            if g.where == "npu" and graph.node(c.op).kind == "lm_head" and fmt.packs_head:
+                c.family, c.config = "qgemv", {"fmt": fmt.format, "block": fmt.block}
+            elif c.family in QUANT_FAMILIES:
+                c.family, c.config = "lm_head", {}
     if fmt.quantized:
         out.notes.append(f"weights {fmt.format} (block {fmt.block}); bf16: {', '.join(fmt.bf16_tensors)}")
     return out

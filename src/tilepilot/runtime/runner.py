@@ -185,11 +185,15 @@ class NpuRunner:
                 stages.append(mine)
             self._layers.append(stages[0])
             self._decode_layers.append(stages[1])
-        head = self.embed if s.tied_embeddings else _bf16(weights.lm_head())
-        self._head = {
-            "final_norm": self.pool.weight("final_norm", _bf16(weights.final_norm())),
-            "lm_head": self.pool.weight("lm_head", head),
-        }
+        packs_head = self.plan.weight_format().packs_head
+        head = self.embed if s.tied_embeddings and not packs_head else _bf16(weights.lm_head())
+        norm = self.pool.weight("final_norm", _bf16(weights.final_norm()))
+        self._heads = {}
+        for stage in ("prefill", "decode"):  # a quantized head kernel (qgemv) streams the packed head
+            packed = any(c.family in QUANT_FAMILIES for g in self.plan.stage(stage).head for c in g.calls)
+            name = "lm_head.packed" if packed else "lm_head"
+            buf = self.pool.get(name) or self.pool.weight(name, weights.packed_head().data if packed else head)
+            self._heads[stage] = {"final_norm": norm, "lm_head": buf}
 
     # ---- state ---------------------------------------------------------------------------------
     @property
@@ -277,7 +281,7 @@ class NpuRunner:
             x = self._last_row(x, stage)
         head_pass = Pass(stage=stage, start=start, rows=1 if last_only else rows, dry=self.dry)
         env = {LAYER_INPUT: x}
-        self.dispatcher.run(stage_plan.head, env, self._head, head_pass, None, kv, tables)
+        self.dispatcher.run(stage_plan.head, env, self._heads[stage], head_pass, None, kv, tables)
         self.dispatcher.end_pass(one_dispatch_name(stage), stage)
         logits_buf = env[self.graph.head[-1].output]
         self.dispatcher.set_stage(stage)
