@@ -435,7 +435,9 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         p = r.get("paper") or {}
         peta = (p.get("eta_scale_our_definition") or {}).get("combined")
         if r["status"] == "not run":
-            L.append(f"| {r['model']} | not run | — | — | — | — | — | — | — | — | {_f(peta, '.2f')} | — | — | — |")
+            L.append(
+                f"| {r['model']} | not run | — | — | — | — | — | — | — | — | {_f(peta, '.2f')} | — | — | — |"
+            )
             continue
         m = r.get("modeled") or {}
         e = r.get("eta_scale") or {}
@@ -485,7 +487,13 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     for r in rows:
         g = goals(r)
-        L.append(f"| {r['model']} | " + " | ".join(_mark(g[k]) for k in GOAL_KEYS) + " |")
+        L.append(
+            f"| {r['model']} | "
+            + " | ".join(
+                _mark(g[k]) for k in GOAL_KEYS
+            )
+            + " |"
+        )
     all_goals = [goals(r) for r in rows]
     n_run = sum(r["status"] != "not run" for r in rows)
     n_all = sum(all(v is True for v in g.values()) for g in all_goals)
