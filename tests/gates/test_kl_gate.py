@@ -72,3 +72,34 @@ def test_kl_ids_use_the_tokenizer_and_fall_back_without_one(smollm2_dir):
     assert "river" in tok.decode(ids)
     ids, real = P.kl_text_ids(None, 1000, 64, 0)
     assert not real and len(ids) == 64
+
+
+def test_the_degraded_gemv_rounds_every_running_sum_and_its_paths_agree():
+    """The negative control of the KL gate's test (tests/skills/test_trained_model.py): a GEMV adding each product to
+    its bf16 output. Both executor paths agree bit for bit, it equals bf16 accumulation with a K chunk of 1, it is
+    several times less accurate than the deployed kernel, and the default kernel is untouched by the option."""
+    from tilepilot.kernels import gemv
+    from tilepilot.npu import numerics as nx
+    from tilepilot.npu.execute import run_fast, run_tile
+    from tilepilot.npu.validate import validate
+
+    g = torch.Generator().manual_seed(0)
+    shape = gemv.Shape(64, 256, 2)
+    x = torch.randn(2, 256, generator=g).bfloat16()
+    w = (torch.randn(64, 256, generator=g) * 0.05).bfloat16()
+    ins = {"x": x, "w": w}
+    ref = gemv.reference(ins)["y"]
+    err = {}
+    for acc in ("fp32", gemv.SERIAL_BF16):
+        design = gemv.make_design(shape, gemv.Config(cols=2, rows=2, tile_m=4, tile_k=64, acc=acc))
+        assert validate(design) == []
+        tile, fast = run_tile(design, ins)["y"], run_fast(design, ins)["y"]
+        assert torch.equal(tile, run_fast(design, ins, exact=True)["y"])
+        err[acc] = float((fast.float() - ref).abs().mean())
+        if acc == gemv.SERIAL_BF16:
+            assert torch.equal(tile, fast) and torch.equal(fast, nx.matmul(x, w, acc="bf16", k_chunk=1))
+            assert design.numerics.accumulate == "bf16" and design.numerics.k_chunk == 1
+        else:
+            assert gemv.Config().acc == "fp32" and design.numerics.k_chunk == 64
+    assert err[gemv.SERIAL_BF16] > 4 * err["fp32"], err
+    assert gemv.SERIAL_BF16 not in {c.acc for c in gemv.candidate_configs(gemv.Shape(576, 576))}

@@ -68,6 +68,11 @@ TILE_M_CHOICES = (32, 16, 8, 4, 2)
 # K per call must be a multiple of the vector width (32 bf16 lanes of a 512-bit register, AM027); block-FP16
 # also needs blocks of 8 (numerics.BFP16_BLOCK), which 32 covers.
 K_GRANULE = 32
+# A deliberately degraded accumulator, kept so the accuracy gates can be shown to catch a real kernel mistake
+# (tests/gates/test_kl_gate.py): a scalar loop adding each product to its bf16 output, so every running sum is
+# rounded to bf16 (numerics: bf16 accumulation with a K chunk of 1). Never a tuner candidate, never a default.
+SERIAL_BF16 = "bf16_serial"
+ACCUMULATORS = (*nx.ACCUMULATORS, SERIAL_BF16)
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ class Config:
     variant: str = "vector"
     depth: int = 2
     # "bf16": partial sums accumulate in the bf16 output block (rounded after every K chunk), the cheaper kernel
-    # that loses accuracy with K; the default fp32 scratch accumulator rounds once.
+    # that loses accuracy with K; the default fp32 scratch accumulator rounds once; SERIAL_BF16 rounds after every
+    # product (the degraded kernel of the gates' tests).
     acc: str = "fp32"
 
 
@@ -108,8 +114,8 @@ def rows_per_worker(shape: Shape, config: Config) -> int:
 def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.variant not in VARIANTS:
         raise _err(f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
-    if config.acc not in nx.ACCUMULATORS:
-        raise _err(f"accumulator {config.acc!r} is unknown; use one of {nx.ACCUMULATORS}")
+    if config.acc not in ACCUMULATORS:
+        raise _err(f"accumulator {config.acc!r} is unknown; use one of {ACCUMULATORS}")
     if min(shape.n, shape.k, shape.m) < 1:
         raise _err(f"shape {shape} has an empty dimension")
     if shape.m > MAX_TOKENS:
@@ -133,8 +139,26 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
 def _numerics(config: Config) -> nx.Numerics:
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
     points = ("operands:bfp16",) if operands == "bfp16" else ()
+    if config.acc == SERIAL_BF16:
+        return nx.Numerics(operands, "bf16", 1, "bf16", points + ("partial_sum:bf16 (every product)", "output:bf16"))
     points += ("partial_sum:bf16",) if config.acc == "bf16" else ("accumulate:fp32",)
     return nx.Numerics(operands, config.acc, config.tile_k, "bf16", points + ("output:bf16",))
+
+
+def _serial_sum(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, operands: str) -> torch.Tensor:
+    """``y + x @ w^T`` adding one product at a time to the bf16 running sum ``y``, each new sum rounded (SERIAL_BF16).
+
+    Products of bf16 (or bfp16) values are exact in fp32; the sum is rounded as ``nx.accumulate`` does. The tile
+    path calls it per K chunk with the running output, the fast path once over all of K: the same additions in
+    the same order, so the two agree bit for bit (bfp16 blocks of 8 never straddle a chunk of 32)."""
+    if operands == "bfp16":
+        x, w = nx.quantize_bfp16(x, -1), nx.quantize_bfp16(w, -1)
+    xs = x.to(torch.float32)
+    for k0 in range(0, x.shape[-1], K_GRANULE):
+        cols = w[:, k0 : k0 + K_GRANULE].t().to(torch.float32)  # [<=32, N], contiguous rows of W's columns
+        for j in range(cols.shape[0]):
+            y = nx.accumulate(y, xs[..., k0 + j : k0 + j + 1] * cols[j], "bf16")
+    return y
 
 
 def _kernel(shape: Shape, config: Config) -> TileKernel:
@@ -143,6 +167,9 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     def matvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         w, x = ins
         (y,) = outs
+        if config.acc == SERIAL_BF16:
+            y.copy_(_serial_sum(torch.zeros_like(y) if ctx.first else y, x, w, operands))
+            return
         partial = nx.chunk_partial(x, w, operands)
         if config.acc == "bf16":
             if ctx.first:
@@ -156,7 +183,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
             y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
 
     tm, tk, m = config.tile_m, config.tile_k, shape.m
-    suffix = "_bf16acc" if config.acc == "bf16" else ""
+    suffix = {"bf16": "_bf16acc", SERIAL_BF16: "_bf16serial"}.get(config.acc, "")
     return TileKernel(
         name=f"matvec_{config.variant}_{tm}x{tk}{suffix}",
         fn=matvec_tile,
@@ -334,6 +361,9 @@ def _fast(config: Config):
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        if config.acc == SERIAL_BF16:
+            x, w = inputs["x"], inputs["w"]
+            return {"y": _serial_sum(torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.bfloat16), x, w, operands)}
         y = nx.matmul(inputs["x"], inputs["w"], acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
         return {"y": y}
 
