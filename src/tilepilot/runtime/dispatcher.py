@@ -65,6 +65,27 @@ def cpu_flops(kind: str, rows: int, context: int, io_width: int, weight_elems: i
     return 4 * rows * io_width
 
 
+class LaunchKey:
+    """The identity of one launch in the library: (family, shape key, config items), hashed once. A run looks up
+    the same launches every token (the LRU order, the dispatch times), and a shape's dataclass hash is recomputed
+    on every use."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LaunchKey) and self._hash == other._hash and self.parts == other.parts
+
+    def __repr__(self) -> str:
+        return f"LaunchKey{self.parts!r}"
+
+
 class KernelLibrary:
     """Designs and modeled dispatch times, built once per (family, shape, config) and group.
 
@@ -81,7 +102,7 @@ class KernelLibrary:
         self.device = device or npu2()
         self.cal = cal
         self.capacity = capacity
-        self._designs: OrderedDict[Any, Any] = OrderedDict()
+        self._designs: OrderedDict[LaunchKey, tuple[LaunchKey, Any]] = OrderedDict()
         self._groups: OrderedDict[tuple, GroupTiming] = OrderedDict()
 
     @staticmethod
@@ -92,21 +113,32 @@ class KernelLibrary:
 
     def design(self, family: str, shape: Any, config: dict[str, Any]) -> tuple[Any, Any]:
         """(key, design) for one call; the key identifies it for ``dispatch_time``."""
-        key = (family, _key(shape), tuple(sorted(config.items())))
-        if key not in self._designs:
+        key = LaunchKey((family, _key(shape), tuple(sorted(config.items()))))
+        entry = self._designs.get(key)
+        if entry is None:
             mod = family_module(family)
             cfg = make_config(mod, shape, config, self.device)
             design = mod.make_design(shape, cfg, self.device)
             problems = validate_group(design) if isinstance(design, MultiLaunchGroup) else validate(design)
             if problems:
                 raise DesignError(problems, f"{family} {getattr(design, 'name', family)} (config {dict(config)})")
-            self._designs[key] = design
+            entry = self._designs[key] = (key, design)  # the first key object stays the one handed out
         self._touch(self._designs, key, self.capacity)
-        return key, self._designs[key]
+        return entry
+
+    def touch(self, keys: tuple[Any, ...], name: str | None = None) -> None:
+        """Mark launches (and, with ``name``, their dispatch) as just used, as ``design``/``dispatch_time`` do: a
+        caller that keeps what they returned keeps the eviction order of a caller that asks again."""
+        for k in keys:
+            if k in self._designs:
+                self._designs.move_to_end(k)
+        gkey = (name, tuple(keys))
+        if name is not None and gkey in self._groups:
+            self._groups.move_to_end(gkey)
 
     def designs(self) -> list[Any]:
         """Every design built so far (what a run dispatched), for the trace writer's per-tile layout."""
-        return list(self._designs.values())
+        return [design for _, design in self._designs.values()]
 
     def dispatch_time(self, name: str, keys: list[Any]) -> GroupTiming:
         """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened)."""
@@ -114,7 +146,7 @@ class KernelLibrary:
         if gkey not in self._groups:
             designs = []
             for k in keys:
-                d = self._designs[k]
+                d = self._designs[k][1]
                 designs.extend(d.designs if isinstance(d, MultiLaunchGroup) else [d])
             timing = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
             check_dispatch(name, timing.seconds)
@@ -190,6 +222,22 @@ class KVState:
     side: dict[int, str] = field(default_factory=dict)  # layer -> "npu" | "cpu" that wrote this pass's rows
 
 
+# The only op whose kernel shape depends on the cached context (``kernels.bind``: attention reads the KV rows).
+CONTEXT_KINDS = ("attention",)
+
+
+@dataclass(frozen=True)
+class PreparedGroup:
+    """An NPU group resolved for one step shape: each op's node, binding and design, the launches' keys and the
+    modeled dispatch time. Resolving them is the same for every token of a stage (and, for a group without
+    attention, every context), so the dispatcher does it once per shape instead of once per call."""
+
+    group: KernelGroup  # held so that the id in the cache key stays this group's
+    calls: tuple[tuple[OpNode, Any, Any], ...]  # (node, OpBinding or None for kv_write, design or None)
+    keys: tuple[Any, ...]  # the timed launch keys, in order
+    timing: GroupTiming | None  # None when the pass is one dispatch (timed at end_pass) or holds no launch
+
+
 class Dispatcher:
     """Runs groups of one plan stage against a buffer pool and a trace."""
 
@@ -214,6 +262,8 @@ class Dispatcher:
         self._ctx: dict[str, Any] = {}
         self._pass_keys: list[Any] | None = None  # launches of a one-dispatch pass, collected until end_pass
         self._kv_readback: Callable[[int], int] | None = None
+        self._prepared: OrderedDict[tuple, PreparedGroup] = OrderedDict()
+        self._reads_context: dict[int, tuple[KernelGroup, bool]] = {}  # group id -> (group, has an attention op)
         pool.on_sync = self._on_sync
 
     # ---- one dispatch per pass ---------------------------------------------------------------
@@ -270,10 +320,41 @@ class Dispatcher:
         self.set_stage(p.stage)  # host-side work between groups
 
     # ---- NPU ------------------------------------------------------------------------------------
+    def _prepare(self, g: KernelGroup, p: Pass) -> PreparedGroup:
+        """The group resolved for this pass's shape (cached per stage, rows and, with attention, context)."""
+        reads_context = self._reads_context.get(id(g))
+        if reads_context is None or reads_context[0] is not g:
+            reads_context = self._reads_context[id(g)] = (
+                g,
+                any(self.graph.node(c.op).kind in CONTEXT_KINDS for c in g.calls),
+            )
+        ckey = (id(g), p.stage, p.rows, p.context if reads_context[1] else None, self._pass_keys is not None)
+        prep = self._prepared.get(ckey)
+        if prep is not None and prep.group is g:
+            self._prepared.move_to_end(ckey)
+            self.library.touch(prep.keys, None if prep.timing is None else g.name)
+            return prep
+        nodes = [self.graph.node(c.op) for c in g.calls]
+        calls: list[tuple[OpNode, Any, Any]] = []
+        keys: list[Any] = []
+        for call, node in zip(g.calls, nodes, strict=True):
+            if node.kind == "kv_write":
+                calls.append((node, None, None))
+                continue
+            key, design = self.library.design(call.family, self._shape(node, call, p), call.config)
+            keys.append(self._timed_key(node, call, p, key))
+            calls.append((node, binding(node, call.family), design))
+        timing = self.library.dispatch_time(g.name, keys) if keys and self._pass_keys is None else None
+        prep = PreparedGroup(g, tuple(calls), tuple(keys), timing)
+        self._prepared[ckey] = prep
+        while len(self._prepared) > self.library.capacity:
+            self._prepared.popitem(last=False)
+        return prep
+
     def _run_npu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
+        prep = self._prepare(g, p)
         internal: dict[str, torch.Tensor] = {}
         seen_inputs: dict[str, torch.Tensor] = {}
-        keys: list[Any] = []
         produced: list[str] = []
 
         def value(v: str) -> torch.Tensor:
@@ -283,8 +364,7 @@ class Dispatcher:
                 seen_inputs[v] = self.pool.device_view(env[v])
             return seen_inputs[v]
 
-        for call in g.calls:
-            node = self.graph.node(call.op)
+        for node, bound, design in prep.calls:
             if node.kind == "kv_write":
                 k, v = value(node.inputs[0]), value(node.inputs[1])
                 if not p.dry:
@@ -306,19 +386,16 @@ class Dispatcher:
                 if "cs" not in seen_inputs:
                     seen_inputs["cs"] = self.pool.device_view(tables)
                 args.update(cs=seen_inputs["cs"], start=p.start)
-            key, design = self.library.design(call.family, self._shape(node, call, p), call.config)
-            keys.append(self._timed_key(node, call, p, key))
             if p.dry:
                 out = torch.empty(p.rows, node.width, dtype=BF16, device=META)
             else:
-                out = binding(node, call.family).run(design, args, self.spec)
+                out = bound.run(design, args, self.spec)
             internal[node.output] = out
             produced.append(node.output)
-        if keys and self._pass_keys is not None:
-            self._pass_keys.extend(keys)  # part of the pass's one dispatch
-        elif keys:
-            gt = self.library.dispatch_time(g.name, keys)
-            self.trace.add_dispatch(gt, group=g.name, layer=layer, stage=p.stage)  # + its launches and DMAs
+        if prep.keys and self._pass_keys is not None:
+            self._pass_keys.extend(prep.keys)  # part of the pass's one dispatch
+        elif prep.timing is not None:
+            self.trace.add_dispatch(prep.timing, group=g.name, layer=layer, stage=p.stage)  # + launches and DMAs
         for name in produced:
             buf = self.pool.buffer(f"{p.stage}.{name}")
             self.pool.produced(buf, internal[name])

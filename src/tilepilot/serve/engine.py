@@ -28,6 +28,7 @@ from tilepilot.errors import InputError, TilepilotError, TokenizerError
 from tilepilot.model.tokenizer import IncrementalDecoder
 from tilepilot.runtime.runner import NpuRunner, window_s
 from tilepilot.runtime.sampling import Sampler, SamplingParams
+from tilepilot.runtime.threads import step_threads
 from tilepilot.serve.stops import StopMatcher
 
 DEFAULT_MAX_TOKENS = 256  # when a chat request names no limit (the context of a served model can be 128k)
@@ -362,27 +363,28 @@ class Engine:
                 self._emit(job, TextDelta(text))
 
         logits = step.logits[-1]
-        while n_tokens < p.max_tokens:
-            if self._cancelled(job):
-                reason = "cancelled"
-                break
-            tok = sampler.sample(logits)
-            n_tokens += 1
-            if tok in self.eos_ids:
-                reason = "stop"
-                break
-            text, hit = stops.push(decoder.push(tok))
-            out(text)
-            if hit:
-                reason = "stop"
-                break
-            if n_tokens == p.max_tokens:
-                break
-            mark = len(r.trace.events)
-            logits = r.decode(tok).logits[-1]
-            self._cached.append(tok)
-            modeled_decode.append(window_s(r.trace, mark))
-            decode_cpu += cpu_measured_s(r.trace, mark)
+        with step_threads(1, r.spec.hidden):  # one-token steps and their sampling on one thread
+            while n_tokens < p.max_tokens:
+                if self._cancelled(job):
+                    reason = "cancelled"
+                    break
+                tok = sampler.sample(logits)
+                n_tokens += 1
+                if tok in self.eos_ids:
+                    reason = "stop"
+                    break
+                text, hit = stops.push(decoder.push(tok))
+                out(text)
+                if hit:
+                    reason = "stop"
+                    break
+                if n_tokens == p.max_tokens:
+                    break
+                mark = len(r.trace.events)
+                logits = r.decode(tok).logits[-1]
+                self._cached.append(tok)
+                modeled_decode.append(window_s(r.trace, mark))
+                decode_cpu += cpu_measured_s(r.trace, mark)
         if not stops.hit:
             text, hit = stops.push(decoder.flush())
             out(text)
