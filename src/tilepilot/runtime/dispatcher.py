@@ -140,6 +140,10 @@ class KernelLibrary:
         """Every design built so far (what a run dispatched), for the trace writer's per-tile layout."""
         return [design for _, design in self._designs.values()]
 
+    def timed_dispatches(self, name: str) -> list[GroupTiming]:
+        """The modeled dispatches named ``name`` timed so far, oldest first (e.g. a one-dispatch pass's breakdown)."""
+        return [t for (n, _), t in self._groups.items() if n == name]
+
     def dispatch_time(self, name: str, keys: list[Any]) -> GroupTiming:
         """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened)."""
         gkey = (name, tuple(keys))
