@@ -10,6 +10,7 @@ def test_air_q4nx_figures_are_timed_on_the_air_q4_variants_and_never_checked():
     figs = air_q4_figures()
     assert [f.key for f in figs] == [k for k, *_ in AIR_Q4NX]
     assert all(not f.checked and f.note.startswith("prediction (not in the fit)") for f in figs)
+    assert all(f.label.endswith("(prediction)") for f in figs)  # what the calibrate table shows
     assert all(f.modeled and f.modeled > 0 for f in figs)
     by = {f.key: f for f in figs}
     assert by["air_q4/prefill"].published == 0.93

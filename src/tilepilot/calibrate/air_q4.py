@@ -51,5 +51,6 @@ def air_q4_figures(cal: Calibration = CALIBRATION, cpu: str = "modeled") -> list
             t = time_plan(plan, spec, E2E_PROMPT, DECODE_CONTEXT, cal=cal, cpu=cpu, library=library)
             modeled, pub, where = t.decode_s_per_token, 1.0 / published, f"decode at context {DECODE_CONTEXT}"
         feed = f"{channels} channel(s), KV {'windowed' if windowed else 'padded'}"
-        out.append(Figure(key, "end_to_end", label, pub, modeled, f"{NOTE} ({feed}; {where})", checked=False))
+        note = f"{NOTE} ({feed}; {where})"
+        out.append(Figure(key, "end_to_end", f"{label} (prediction)", pub, modeled, note, checked=False))
     return out
