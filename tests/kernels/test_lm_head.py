@@ -109,3 +109,22 @@ def test_zoo_lm_heads_validate_and_every_partition_kernel_passes_the_gate(shape)
         ins = {"x": rand_bf16(1, shape.k, seed=len(seen)), "w": rand_bf16(*w_shape, seed=shape.k, scale=0.05)}
         out = d.fast(ins)["y"]
         kernel_gate("lm_head", lm_head.reference(ins)["logits"], out)
+
+
+def test_a_shifted_ragged_tail_spoils_only_the_last_partition():
+    """``tail="shift"`` launches the ragged last partition over the vocabulary's last full partition (one design
+    shape) but assembles it at its own offset: the last slice holds the wrong rows, the others are untouched, and
+    the fault is invisible when the partition divides the vocabulary. Only "pad" is ever a candidate."""
+    shape = lm_head.Shape(vocab=300, k=64, m=1)
+    ins = _inputs(shape)
+    good = lm_head.make_design(shape, SMALL)
+    bad = lm_head.make_design(shape, lm_head.Config(**{**SMALL.__dict__, "tail": "shift"}))
+    assert bad.reads[-1] == (172, 300) and [d.tensor("w").shape[0] for d in bad.designs] == [128, 128, 128]
+    ref = lm_head.reference(ins)["logits"]
+    checks = lm_head.partition_report(bad, ins, bad.fast(ins)["logits"].float(), ref)
+    assert lm_head.bad_partitions(checks) == [2]
+    assert torch.equal(bad.fast(ins)["logits"][:, :256], good.fast(ins)["logits"][:, :256])
+    even = lm_head.Shape(vocab=256, k=64, m=1)
+    shifted = lm_head.make_design(even, lm_head.Config(**{**SMALL.__dict__, "tail": "shift"}))
+    assert shifted.reads == shifted.ranges
+    assert all(c.tail == "pad" for c in lm_head.candidate_configs(lm_head.Shape(1024, 512, 1)))

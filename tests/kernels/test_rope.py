@@ -114,3 +114,25 @@ def test_timing_scales_with_rows_and_variant():
     vec = time_design(rope.make_design(rope.Shape(256, 8, 64), rope.Config(8, 2, 2, "vector")))
     sca = time_design(rope.make_design(rope.Shape(256, 8, 64), rope.Config(8, 2, 2, "scalar")))
     assert sca.seconds > vec.seconds
+
+
+def test_interleaved_layout_rotates_adjacent_pairs_and_is_never_a_candidate():
+    """``layout="interleaved"`` rotates (2i, 2i+1) by frequency i (GPT-J / GGUF); on the half-rotation reference it is
+    right at position 0 (the identity) and wrong from position 1, and tile path == fast path still holds."""
+    shape, inv = rope.Shape(4, 2, 16), default_inv_freq(16, 10000.0)
+    ins = inputs(shape)
+    d = rope.make_design(shape, rope.Config(tiles=2, layout="interleaved"))
+    assert validate(d) == [] and d.workers[0].kernel.name.endswith("_interleaved")
+    y = run_fast(d, ins)["y"]
+    assert torch.equal(y, run_tile(d, ins)["y"])
+    x = ins["x"].float().reshape(4, 2, 8, 2)
+    cs = ins["cs"].float()
+    c, s = cs[:, None, :8], cs[:, None, 8:]
+    pairs = torch.stack((x[..., 0] * c - x[..., 1] * s, x[..., 1] * c + x[..., 0] * s), dim=-1)
+    assert torch.equal(y, pairs.reshape(4, -1).to(torch.bfloat16))
+    ref = true_rope(ins["x"].float(), inv, torch.arange(4), 16)
+    rows = torch.nn.functional.cosine_similarity(ref, y.float(), dim=-1)
+    assert rows[0] > 0.999 and rows[1] < 0.99
+    assert all(c.layout == "half" for c in rope.candidate_configs(rope.Shape(64, 8, 64)))
+    with pytest.raises(DesignError):
+        rope.make_design(shape, rope.Config(layout="gptj"))

@@ -80,3 +80,17 @@ def test_shape_errors_and_timing():
     sca = time_design(sw.make_design(sw.Shape(64, 1024), sw.Config(8, 1024, 2, "scalar")))
     vec = time_design(sw.make_design(sw.Shape(64, 1024), sw.Config(8, 1024, 2, "vector")))
     assert sca.seconds > vec.seconds
+
+
+def test_narrow_stores_fp16_overflows_fp8_rounds_and_are_never_candidates():
+    """``store`` rounds the product to the named type: fp16 gives Inf above 65504 (bf16 does not), fp8_e4m3 keeps
+    three mantissa bits; both paths agree; only bf16 is a candidate, so no default changes."""
+    shape = sw.Shape(2, 64)
+    ins = {"gate": torch.full((2, 64), 300.0, dtype=torch.bfloat16), "up": torch.full((2, 64), 300.0).bfloat16()}
+    ins["up"][1] = 1.0
+    for store, big in (("bf16", 90112.0), ("fp16", float("inf")), ("fp8_e4m3", 448.0)):  # 9e4 in bf16: 90112
+        d = sw.make_design(shape, sw.Config(tiles=2, chunk=64, store=store))
+        y = run_fast(d, ins)["y"]
+        assert torch.equal(y, run_tile(d, ins)["y"])
+        assert y[0, 0].item() == big and y[1, 0].item() in (300.0, 288.0)  # 300 in bf16/fp16, 288 in fp8
+    assert all(c.store == "bf16" for c in sw.candidate_configs(sw.Shape(24, 1024)))

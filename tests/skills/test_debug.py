@@ -8,17 +8,17 @@ from dataclasses import replace
 import pytest
 from faults import (
     drop_late_queries,
-    interleaved_rope,
     kernel_bug,
-    nan_output,
     noisy,
+    plan_option,
+    scale_ffn,
     set_op_config,
-    shifted_partition,
+    set_option,
 )
 
 from tilepilot.harness.probes import call_shape, plan_calls
 from tilepilot.skills import classify as C
-from tilepilot.skills.context import RUNTIME_KEY
+from tilepilot.skills.context import RUNTIME_KEY, DeployContext, Settings
 from tilepilot.skills.debug.common import probes_now
 from tilepilot.skills.optimize.placement import _to_npu
 from tilepilot.skills.orchestrator import Orchestrator
@@ -34,6 +34,10 @@ def _default(ctx, stage: str, op: str, rows: int | None = None):
     rows_, context = (n, n) if stage == "prefill" else (1, n + 1)
     mod = family_module(call.family)
     return mod, mod.default_config(call_shape(ctx.spec, call, rows_, context))
+
+
+def _plan_config(ctx, stage: str, op: str) -> dict:
+    return next(c for c in plan_calls(ctx.plan) if c.stage == stage and c.op == op).config_dict
 
 
 def _deploy_phases(ctx, phases, signature: str, skill: str):
@@ -84,48 +88,51 @@ def test_stale_static_buffer(fresh_ctx):
     assert ctx.runtime_options()["static_buffers"] == []
 
 
-def test_nan_inf(fresh_ctx, monkeypatch):
-    ctx = fresh_ctx()
-    with kernel_bug(monkeypatch, "swiglu", lambda c: c.variant == "scalar", nan_output):
-        for stage in ("prefill", "decode"):
-            mod, cfg = _default(ctx, stage, "swiglu")
-            set_op_config(ctx, stage, "swiglu", replace(cfg, variant="scalar"))
-        first = KernelValidation().run(ctx)
-        assert not first.ok and first.evidence["nonfinite"] > 0
-        assert C.classify(first.evidence).signature == C.NAN_INF
-        _deploy_phases(ctx, [KernelValidation, FullModelValidation], C.NAN_INF, "fix-nan-inf")
+def test_nan_inf_from_an_fp16_store_on_massive_activations(fresh_ctx, tiny_model, tmp_path):
+    """SwiGLU stored in fp16 on a model whose FFN activations exceed 65504 (a zoo model scaled up): the seeded
+    phase-1 probes pass, the model overflows to Inf; the skill finds the call on the model's own activations and
+    switches its store back to bf16."""
+    model = scale_ffn(tiny_model("llama"), tmp_path / "massive", 48.0)
+    ctx = DeployContext.create(model, tmp_path / "ws-massive", settings=Settings(greedy_steps=8))
+    set_option(ctx, ("swiglu",), store="fp16")
+    assert KernelValidation().run(ctx).ok  # unit-scale probe inputs never reach 65504
+    first = FullModelValidation().run(ctx)
+    assert not first.ok and first.evidence["nonfinite"] > 0
+    assert C.classify(first.evidence).signature == C.NAN_INF
+    summary = _deploy_phases(ctx, [FullModelValidation], C.NAN_INF, "fix-nan-inf")
+    assert {plan_option(ctx, stage, "swiglu", "store") for stage in ("prefill", "decode")} == {"bf16"}
+    assert "'store'" in summary.phases[0].repairs[0]  # the repair names the option it changed
 
 
-def test_one_partition_wrong(fresh_ctx, monkeypatch):
-    from tilepilot.kernels import lm_head
-
+def test_one_partition_wrong_from_a_shifted_ragged_tail(fresh_ctx):
+    """384-row partitions of a 1024-row vocabulary: the last one is ragged; shifted back to stay full-size and
+    assembled unshifted, it returns the logits of the wrong rows. The repair sets tail back to pad, nothing else."""
     ctx = fresh_ctx()
     for stage in ("prefill", "decode"):
         plan, _ = _to_npu(ctx.plan, stage, ("lm_head", "final_norm"))
         ctx.save_plan(plan)
-    bug = shifted_partition(1, 256, 512)
-    with kernel_bug(monkeypatch, "lm_head", lambda c: c.partition_rows == 256, bug):
-        for stage in ("prefill", "decode"):
-            cfg = lm_head.default_config(lm_head.Shape(ctx.spec.vocab, ctx.spec.hidden, 1))
-            set_op_config(ctx, stage, "lm_head", replace(cfg, partition_rows=256))
-        first = KernelValidation().run(ctx)
-        parts = first.evidence["partition_cosine"]
-        assert not first.ok and len(parts) == 4 and sum(p < 0.99 for p in parts) == 1
-        assert C.classify(first.evidence).signature == C.ONE_PARTITION_WRONG
-        _deploy_phases(ctx, [KernelValidation, FullModelValidation], C.ONE_PARTITION_WRONG, "fix-lm-head-partition")
+    set_option(ctx, ("lm_head",), partition_rows=384, tail="shift")
+    first = KernelValidation().run(ctx)
+    parts = first.evidence["partition_cosine"]
+    assert not first.ok and len(parts) == 3 and [p < 0.99 for p in parts] == [False, False, True]
+    assert C.classify(first.evidence).signature == C.ONE_PARTITION_WRONG
+    _deploy_phases(ctx, [KernelValidation, FullModelValidation], C.ONE_PARTITION_WRONG, "fix-lm-head-partition")
+    for stage in ("prefill", "decode"):
+        assert plan_option(ctx, stage, "lm_head", "tail") == "pad"
+        assert plan_option(ctx, stage, "lm_head", "partition_rows") == 384  # only the tail option changed
 
 
-def test_rope_layout_mismatch(fresh_ctx, monkeypatch):
+def test_rope_layout_mismatch_interleaved_on_half_rotation_weights(fresh_ctx):
+    """RoPE run in the interleaved (GPT-J / GGUF) layout on a Hugging Face checkpoint: the skill finds that the half
+    layout matches the oracle and changes the layout parameter, keeping the tiling."""
     ctx = fresh_ctx()
-    bug = interleaved_rope(ctx.spec.head_dim)
-    with kernel_bug(monkeypatch, "rope", lambda c: c.variant == "scalar", bug):
-        for stage in ("prefill", "decode"):
-            for op in ("rope_q", "rope_k"):
-                mod, cfg = _default(ctx, stage, op)
-                set_op_config(ctx, stage, op, replace(cfg, variant="scalar"))
-        first = KernelValidation().run(ctx)
-        assert not first.ok and C.classify(first.evidence).signature == C.ROPE_LAYOUT_MISMATCH
-        _deploy_phases(ctx, [KernelValidation, FullModelValidation], C.ROPE_LAYOUT_MISMATCH, "fix-rope-layout")
+    set_option(ctx, ("rope_q", "rope_k"), layout="interleaved")
+    before = {(s, op): _plan_config(ctx, s, op) for s in ("prefill", "decode") for op in ("rope_q", "rope_k")}
+    first = KernelValidation().run(ctx)
+    assert not first.ok and C.classify(first.evidence).signature == C.ROPE_LAYOUT_MISMATCH
+    _deploy_phases(ctx, [KernelValidation, FullModelValidation], C.ROPE_LAYOUT_MISMATCH, "fix-rope-layout")
+    for (stage, op), cfg in before.items():
+        assert cfg["layout"] == "interleaved" and _plan_config(ctx, stage, op) == {**cfg, "layout": "half"}
 
 
 def test_late_positions_only(fresh_ctx, monkeypatch):
@@ -182,9 +189,9 @@ def test_every_signature_has_a_test_here(signature):
         C.TILE_MEMORY_OVERFLOW: test_tile_memory_overflow,
         C.MERGED_LAUNCH_ARGUMENT_MISMATCH: test_merged_launch_argument_mismatch,
         C.STALE_AFTER_FIRST_CALL: test_stale_static_buffer,
-        C.NAN_INF: test_nan_inf,
-        C.ONE_PARTITION_WRONG: test_one_partition_wrong,
-        C.ROPE_LAYOUT_MISMATCH: test_rope_layout_mismatch,
+        C.NAN_INF: test_nan_inf_from_an_fp16_store_on_massive_activations,
+        C.ONE_PARTITION_WRONG: test_one_partition_wrong_from_a_shifted_ragged_tail,
+        C.ROPE_LAYOUT_MISMATCH: test_rope_layout_mismatch_interleaved_on_half_rotation_weights,
         C.LATE_POSITIONS_ONLY: test_late_positions_only,
         C.ERROR_GROWS_WITH_DEPTH: test_error_growing_with_depth,
     }

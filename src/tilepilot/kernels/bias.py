@@ -24,6 +24,8 @@ from tilepilot.oracle import ops
 FAMILY = "bias"
 VARIANTS = rw.VARIANTS
 OPS_PER_ELEMENT = 2  # ESTIMATE: one fp32 add and one bf16 convert per element
+# Config fields with named choices (what a debug skill may switch one at a time).
+OPTIONS = {"variant": VARIANTS}
 
 
 @dataclass(frozen=True)

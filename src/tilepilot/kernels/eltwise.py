@@ -26,6 +26,8 @@ from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, legal_taps
 FAMILY = "eltwise"
 OPS = {"add": torch.add, "mul": torch.mul}
 VARIANTS = rw.VARIANTS
+# Config fields with named choices (what a debug skill may switch one at a time).
+OPTIONS = {"variant": VARIANTS, "store": rw.STORES}
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Config:
     depth: int = 2
     variant: str = "vector"
     pad: bool = False
+    store: str = "bf16"  # the sum's write type (``rowwise.STORES``); only "bf16" is ever a candidate
 
 
 def _err(message: str) -> DesignError:
@@ -62,13 +65,14 @@ def tile_of(i: int, device: Device) -> Tile:
 
 
 def _kernel(shape: Shape, config: Config) -> TileKernel:
-    fn_op = OPS[shape.op]
+    fn_op, kind = OPS[shape.op], config.store
 
     def eltwise_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        outs[0].copy_(nx.apply_fp32(fn_op, ins[0], ins[1]))
+        outs[0].copy_(rw.store(fn_op(ins[0].to(torch.float32), ins[1].to(torch.float32)), kind))
 
+    suffix = "" if kind == "bf16" else f"_{kind}"
     return TileKernel(
-        name=f"{shape.op}_{config.variant}_{config.chunk}",
+        name=f"{shape.op}_{config.variant}_{config.chunk}{suffix}",
         fn=eltwise_tile,
         variant=config.variant,
         vector_ops_per_call=config.chunk,
@@ -83,6 +87,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     if shape.op not in OPS:
         raise _err(f"op {shape.op!r} is not elementwise here; use one of {sorted(OPS)}")
     rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
+    rw.check_choice(FAMILY, "store", config.store, rw.STORES)
     if config.tiles < 1 or config.tiles > device.n_compute_tiles or config.chunk < 2 or config.chunk % 2:
         raise _err(f"{config.tiles} tiles of {config.chunk}-element chunks cannot run on {device.name}")
     n = padded_n(shape, config)
@@ -115,18 +120,18 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         fifos=fifos,
         workers=workers,
         runtime=rt,
-        numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("compute:fp32", "output:bf16")),
-        fast=_fast(shape),
+        numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("compute:fp32", *rw.store_point(config.store))),
+        fast=_fast(shape, config.store),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, n, padded_shape={"n": n, "op": shape.op})
     return design
 
 
-def _fast(shape: Shape):
+def _fast(shape: Shape, kind: str = "bf16"):
     fn_op = OPS[shape.op]
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {"c": nx.apply_fp32(fn_op, inputs["a"], inputs["b"])}
+        return {"c": rw.store(fn_op(inputs["a"].to(torch.float32), inputs["b"].to(torch.float32)), kind)}
 
     return fast
 

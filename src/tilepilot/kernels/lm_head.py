@@ -38,6 +38,15 @@ FAMILY = "lm_head"
 # "LM-head (per-partition)": 16384 x K for Llama-3.2-1B, Qwen3-0.6B/4B, Qwen2.5-0.5B/1.5B).
 PARTITION_ROWS = 16384
 PARTITION_CHOICES = (8192, 16384, 32768)
+# How the last partition meets a vocabulary that ``partition_rows`` does not divide. "pad": its launch reads its own
+# rows, zero-padded to the GEMV's blocks (every default and candidate). "shift": its launch is moved back to end at
+# the vocabulary's last row, so every launch has the full partition shape (one design, no padded copy), which is
+# only right if the assembly then drops the rows it re-read; this one keeps the launch's first rows instead, at the
+# slice's own offset, so the last slice of the logits comes from the wrong vocabulary rows (amd/IRON #83's one bad
+# partition). Harmless when the partition divides the vocabulary (nothing shifts).
+TAILS = ("pad", "shift")
+# Config fields with named choices (what a debug skill may switch one at a time).
+OPTIONS = {"tail": TAILS}
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class Config:
     variant: str = "vector"
     depth: int = 2
     acc: str = "fp32"  # the partitions' GEMV accumulator (gemv.Config.acc); "bf16" rounds after every K chunk
+    tail: str = "pad"  # the ragged last partition (TAILS); only "pad" is ever a candidate
 
     def gemv_config(self) -> gemv.Config:
         return gemv.Config(self.cols, self.rows, self.tile_m, self.tile_k, self.variant, self.depth, self.acc)
@@ -72,6 +82,17 @@ def partitions(shape: Shape, config: Config) -> list[tuple[int, int]]:
         raise _err(f"partition_rows must be positive, got {config.partition_rows}")
     step = config.partition_rows
     return [(s, min(s + step, shape.vocab)) for s in range(0, shape.vocab, step)]
+
+
+def launch_rows(shape: Shape, config: Config) -> list[tuple[int, int]]:
+    """The rows of W each partition's launch reads: its own, or, for a shifted tail, the last full partition."""
+    if config.tail not in TAILS:
+        raise _err(f"tail {config.tail!r} is unknown; use one of {TAILS}")
+    ranges = partitions(shape, config)
+    start, stop = ranges[-1]
+    if config.tail == "shift" and stop - start < config.partition_rows <= shape.vocab:
+        ranges[-1] = (shape.vocab - config.partition_rows, shape.vocab)
+    return ranges
 
 
 def _block(config: Config) -> int:
@@ -90,6 +111,7 @@ class HeadGroup(MultiLaunchGroup):
     shape: Shape = field(default_factory=lambda: Shape(1, 1))
     config: Config = field(default_factory=Config)
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    reads: list[tuple[int, int]] = field(default_factory=list)  # rows of W each launch reads (``launch_rows``)
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -112,7 +134,7 @@ class HeadGroup(MultiLaunchGroup):
         """Each launch's own inputs: x, and its rows of W (a view; zero-padded copy only for a ragged last slice)."""
         x, w = inputs["x"], inputs["w"]
         out = []
-        for d, (start, stop) in zip(self.designs, self.ranges, strict=True):
+        for d, (start, stop) in zip(self.designs, self.reads or self.ranges, strict=True):
             w_rows = d.tensor("w").shape[0]
             part = w[start:stop]
             if w_rows != stop - start:
@@ -161,8 +183,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     if min(shape.vocab, shape.k, shape.m) < 1:
         raise _err(f"shape {shape} has an empty dimension")
     ranges = partitions(shape, config)
+    reads = launch_rows(shape, config)
     designs: list[Design] = []
-    for i, (start, stop) in enumerate(ranges):
+    for i, (start, stop) in enumerate(reads):
         rows = _padded_rows(stop - start, config)
         if shape.m <= gemv.MAX_TOKENS:
             d = gemv.make_design(gemv.Shape(rows, shape.k, shape.m), config.gemv_config(), device)
@@ -170,7 +193,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             gshape = gemm.Shape(shape.m, stop - start, shape.k)
             d = gemm.make_design(gshape, _gemm_config(gshape, device), device)
         d.name = f"lm_head_p{i}"
-        d.meta = {**d.meta, "partition": i, "vocab_rows": [start, stop], "head_family": FAMILY}
+        d.meta = {**d.meta, "partition": i, "vocab_rows": list(ranges[i]), "head_family": FAMILY}
         designs.append(d)
     head = HeadGroup(
         name=f"lm_head_{shape.vocab}x{shape.k}_m{shape.m}",
@@ -179,6 +202,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         shape=shape,
         config=config,
         ranges=ranges,
+        reads=reads,
     )
     head.meta = {
         "family": FAMILY,
@@ -259,7 +283,7 @@ def _from_gemv(partition_rows: int, g: gemv.Config) -> Config:
 
 def _legal(shape: Shape, config: Config, device: Device) -> bool:
     """Every partition (the padded last one included) tiles and fits tile memory with this GEMV tiling."""
-    for start, stop in partitions(shape, config):
+    for start, stop in launch_rows(shape, config):
         gs = gemv.Shape(_padded_rows(stop - start, config), shape.k, min(shape.m, gemv.MAX_TOKENS))
         if not gemv.fits(gs, config.gemv_config(), device):
             return False

@@ -34,6 +34,8 @@ from tilepilot.oracle import ops
 
 FAMILY = "rmsnorm"
 VARIANTS = rw.VARIANTS
+# Config fields with named choices (what a debug skill may switch one at a time).
+OPTIONS = {"variant": VARIANTS}
 # ESTIMATE of fp32 vector operations per element: square-accumulate, scale by 1/rms, weight multiply, bf16
 # convert. Per row: a lane reduction and one rsqrt (~32 ops, an AIE rsqrt is a short Newton iteration).
 OPS_PER_ELEMENT = 4

@@ -36,6 +36,13 @@ from tilepilot.oracle.rope import inv_freq_for
 FAMILY = "rope"
 VARIANTS = rw.VARIANTS
 TABLE_DTYPES = ("bf16", "fp32")
+# Which elements of a head RoPE rotates together. "half" pairs element i with i + head_dim/2 (Hugging Face's
+# ``rotate_half``, the layout every checkpoint read here is trained in); "interleaved" pairs 2i with 2i+1 (GPT-J,
+# and llama.cpp's GGUF Q/K, which its converter permutes to suit it). Running "interleaved" on half-rotation
+# weights is the mistake of a GGUF-minded deployment: right at position 0 (the identity), wrong from position 1.
+LAYOUTS = ("half", "interleaved")
+# Config fields with named choices (what a debug skill may switch one at a time).
+OPTIONS = {"variant": VARIANTS, "layout": LAYOUTS}
 OPS_PER_ELEMENT = 4  # ESTIMATE: two fp32 multiplies, one add/sub, one bf16 convert per output element
 
 
@@ -49,7 +56,10 @@ class Shape:
 
 @dataclass(frozen=True)
 class Config(rw.RowConfig):
-    """Tokens (with all their heads) streamed through ``tiles`` workers (``rowwise.RowConfig``)."""
+    """Tokens (with all their heads) streamed through ``tiles`` workers (``rowwise.RowConfig``), rotating the
+    pairs of ``layout`` (only "half" is ever a candidate: it is the checkpoints' layout)."""
+
+    layout: str = "half"
 
 
 def width(shape: Shape) -> int:
@@ -86,15 +96,21 @@ def shape_for(spec: ModelSpec, rows: int, which: str = "q", table_dtype: str = "
 # ----------------------------------------------------------------------------------------------------------------------
 # Kernel
 # ----------------------------------------------------------------------------------------------------------------------
-def rotate_rows(x: torch.Tensor, cs: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Rotate x [n, heads * head_dim] (bf16) by the table rows cs [n, head_dim]; fp32 inside, bf16 out."""
+def rotate_rows(x: torch.Tensor, cs: torch.Tensor, head_dim: int, layout: str = "half") -> torch.Tensor:
+    """Rotate x [n, heads * head_dim] (bf16) by the table rows cs [n, head_dim]; fp32 inside, bf16 out.
+
+    Pair i (frequency i) is elements (i, i + head_dim/2) in the "half" layout, (2i, 2i+1) in "interleaved"."""
     n = x.shape[0]
     half = head_dim // 2
     xf = x.to(torch.float32).reshape(n, -1, head_dim)
     c = cs[:, :half].to(torch.float32)[:, None, :]
     s = cs[:, half:].to(torch.float32)[:, None, :]
-    x1, x2 = xf[..., :half], xf[..., half:]
-    y = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    if layout == "interleaved":
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        y = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).reshape(n, -1, head_dim)
+    else:
+        x1, x2 = xf[..., :half], xf[..., half:]
+        y = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
     return nx.round_bf16(y).reshape(n, -1)
 
 
@@ -102,12 +118,12 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     d = shape.head_dim
 
     def rope_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        outs[0].copy_(rotate_rows(ins[0], ins[1], d))
+        outs[0].copy_(rotate_rows(ins[0], ins[1], d, config.layout))
 
     rpc, w = config.rows_per_call, width(shape)
     tb = 2 if shape.table_dtype == "bf16" else 4
     return TileKernel(
-        name=f"rope_{config.variant}_{shape.heads}x{d}",
+        name=f"rope_{config.variant}_{shape.heads}x{d}" + ("" if config.layout == "half" else f"_{config.layout}"),
         fn=rope_tile,
         variant=config.variant,
         vector_ops_per_call=rpc * w * OPS_PER_ELEMENT,
@@ -119,6 +135,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
 def _check(shape: Shape, config: Config) -> None:
     rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
     rw.check_choice(FAMILY, "table dtype", shape.table_dtype, TABLE_DTYPES)
+    rw.check_choice(FAMILY, "layout", config.layout, LAYOUTS)
     if min(shape.rows, shape.heads, shape.head_dim) < 1 or shape.head_dim % 4:
         raise st.shape_error(FAMILY, f"shape {shape} is empty or head_dim is not a multiple of 4 (two word halves)")
 
@@ -146,15 +163,15 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         numerics=nx.Numerics(
             "bf16", "fp32", None, "bf16", (f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16")
         ),
-        fast=_fast(shape),
+        fast=_fast(shape, config.layout),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, shape.rows * w)
     return design
 
 
-def _fast(shape: Shape):
+def _fast(shape: Shape, layout: str = "half"):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {"y": rotate_rows(inputs["x"], inputs["cs"], shape.head_dim)}
+        return {"y": rotate_rows(inputs["x"], inputs["cs"], shape.head_dim, layout)}
 
     return fast
 

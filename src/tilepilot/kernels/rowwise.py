@@ -13,7 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar
 
+import torch
+
 from tilepilot.kernels._stream import shape_error
+from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design
 from tilepilot.npu.device import Device
 
@@ -21,6 +24,14 @@ VARIANTS = ("vector", "scalar")
 # Worker counts the candidates try, most first: 8 = one per column of npu2; 16 only where the shims can feed them.
 TILE_CHOICES = (8, 4, 2, 1, 16)
 ROWS_PER_CALL_CHOICES = (16, 8, 4, 2, 1)
+# The type a row-wise kernel rounds its fp32 result to before writing it (``store``). "bf16" is the design every
+# default and candidate uses. The others are the mistakes a kernel written for another type makes: "fp16" keeps
+# three more mantissa bits but overflows to Inf above 65504 (the large activations of trained models, T5-style
+# fp16 FFN overflow); "fp8_e4m3" (saturating at 448) keeps three mantissa bits, so every write loses ~2 % and a
+# residual stream kept in it drifts further from the model at every layer. The DDR buffer stays bf16 (the value
+# it holds is the narrower one widened back), so the variants change numbers, never bytes or modeled time.
+STORES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
+_NARROW = {"fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 C = TypeVar("C")
 
@@ -71,6 +82,18 @@ def row_candidates(
                 out.append(((tiles > device.columns, -tiles, -rpc), cfg))
     out.sort(key=lambda x: x[0])
     return with_scalar([c for _, c in out])
+
+
+def store(y: torch.Tensor, kind: str = "bf16") -> torch.Tensor:
+    """The fp32 result ``y`` as the kernel writes it: rounded (RNE) to ``kind``, held in bf16."""
+    if kind == "bf16":
+        return nx.round_bf16(y)
+    return y.to(torch.float32).to(_NARROW[kind]).to(torch.bfloat16)
+
+
+def store_point(kind: str) -> tuple[str, ...]:
+    """The rounding points the output store adds to a design's declared numerics."""
+    return ("output:bf16",) if kind == "bf16" else (f"store:{kind}", "output:bf16")
 
 
 def design_meta(

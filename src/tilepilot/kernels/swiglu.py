@@ -34,6 +34,8 @@ VARIANTS = rw.VARIANTS
 # an AIE without a native fp32 exp), add, reciprocal (~3), two multiplies, bf16 convert.
 OPS_PER_ELEMENT = 14
 CHUNKS = (4096, 2048, 1024, 512, 256, 128, 64)
+# Config fields with named choices (what a debug skill may switch one at a time).
+OPTIONS = {"variant": VARIANTS, "store": rw.STORES}
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Config:
     chunk: int = 4096  # elements per object (any even divisor of rows * width)
     depth: int = 2
     variant: str = "vector"
+    store: str = "bf16"  # the product's write type (``rowwise.STORES``); only "bf16" is ever a candidate
 
 
 def elements(shape: Shape) -> int:
@@ -59,22 +62,23 @@ def l1_bytes(config: Config) -> int:
     return st.l1_bytes([s, s], [s], [], 1, config.depth, 0)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """silu(gate) * up from bf16 operands, fp32 inside, rounded once to bf16."""
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, exact: bool = True, store: str = "bf16") -> torch.Tensor:
+    """silu(gate) * up from bf16 operands, fp32 inside, rounded once to ``store`` (bf16 by default)."""
     if exact:
         g = gate.to(torch.float64)
         act = (g / (1.0 + torch.exp(-g))).to(torch.float32)
     else:
         act = F.silu(gate.to(torch.float32))
-    return nx.round_bf16(act * up.to(torch.float32))
+    return rw.store(act * up.to(torch.float32), store)
 
 
 def _kernel(config: Config) -> TileKernel:
     def swiglu_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        outs[0].copy_(silu_mul(ins[0], ins[1], exact=True))
+        outs[0].copy_(silu_mul(ins[0], ins[1], exact=True, store=config.store))
 
+    suffix = "" if config.store == "bf16" else f"_{config.store}"
     return TileKernel(
-        name=f"swiglu_{config.variant}_{config.chunk}",
+        name=f"swiglu_{config.variant}_{config.chunk}{suffix}",
         fn=swiglu_tile,
         variant=config.variant,
         vector_ops_per_call=config.chunk * OPS_PER_ELEMENT,
@@ -87,6 +91,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     device = device or npu2()
     config = config or default_config(shape, device)
     rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
+    rw.check_choice(FAMILY, "store", config.store, rw.STORES)
     n = elements(shape)
     if n < 1 or config.chunk < 2 or config.chunk % 2 or n % config.chunk:
         raise st.shape_error(
@@ -109,16 +114,16 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         streams_out=[st.Stream("y", chunk)],
         kernel=_kernel(config),
         local_bytes=0,
-        numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("silu:fp32", "mul:fp32", "output:bf16")),
-        fast=_fast(),
+        numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("silu:fp32", "mul:fp32", *rw.store_point(config.store))),
+        fast=_fast(config.store),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, n)
     return design
 
 
-def _fast():
+def _fast(store: str = "bf16"):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {"y": silu_mul(inputs["gate"], inputs["up"], exact=exact)}
+        return {"y": silu_mul(inputs["gate"], inputs["up"], exact=exact, store=store)}
 
     return fast
 

@@ -2,51 +2,66 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from tilepilot.harness.probes import Probe, probe, stage_rows
+from tilepilot.harness.probes import CallRef, Probe, probe, stage_rows
 from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, NAN_INF
-from tilepilot.skills.debug.common import ReconfigureSkill, resume_commands
+from tilepilot.skills.debug.activations import capture_gate_prompt, passes_on_activations, probe_activations
+from tilepilot.skills.debug.common import ReconfigureSkill, reduced_fields, resume_commands
 
 # A call counts as less accurate than its family default when its probe's 1 - Pearson exceeds the default's by
 # this factor plus a floor (both far above run-to-run identity: probes are seeded, so equal configs match exactly).
 PRECISION_REGRESSION = 10.0
 PRECISION_FLOOR = 1e-6
-# Numerics a matrix kernel can lose accuracy to, as (config field, reduced value, full value).
-REDUCED_NUMERICS = (("variant", "bfp16", "vector"), ("acc", "bf16", "fp32"))
 
 
 class FixNanInf(ReconfigureSkill):
     name = "fix-nan-inf"
     signature = NAN_INF
     description = (
-        "Finds the kernel instance whose output contains NaN or Inf by probing each call of the plan alone, and "
-        "switches it to the family default or the first candidate config whose probe is finite and passes its "
-        "kernel gate. Use when a gate reports non-finite values."
+        "Finds the kernel instance whose output contains NaN or Inf by probing each call of the plan alone, first on "
+        "seeded inputs, then on the model's own activations (the oracle's captures of the gate prompt, layer by "
+        "layer: large activations overflow a narrow store that unit-scale inputs never reach), and switches it to "
+        "the smallest config change (one named option, e.g. store fp16 -> bf16), else the family default, whose "
+        "probe is finite and passes its kernel gate on both. Use when a gate reports non-finite values."
     )
     purpose = "Localizes a NaN/Inf to one kernel call and replaces its configuration."
     commands = resume_commands("fix-nan-inf")
     gate_text = "The failed phase re-runs; its gate (which counts non-finite values) decides."
     failure_modes = (
-        "No call produces NaN alone (e.g. an overflow that needs the whole model): unrepaired, needs a human.",
+        "No call produces NaN alone, not even on the model's activations (e.g. attention over the KV cache, which "
+        "these probes skip): unrepaired, needs a human.",
     )
 
     def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:
-        return [p for p in probes if p.measurements.get("nonfinite", 0) > 0]
+        bad = [p for p in probes if p.measurements.get("nonfinite", 0) > 0]
+        if bad:
+            return bad
+        self._captures = capture_gate_prompt(ctx)
+        hits = {(a.call.stage, a.call.op) for a in probe_activations(ctx, self._captures) if a.nonfinite}
+        return [p for p in probes if (p.call.stage, p.call.op) in hits]
+
+    def also(self, ctx) -> Callable[[CallRef, dict[str, Any]], bool] | None:
+        caps = getattr(self, "_captures", None)
+        if caps is None:
+            return None
+        return lambda call, cfg: passes_on_activations(ctx, caps, call, cfg)
 
 
 def _reduced(config: dict[str, Any]) -> bool:
-    return any(config.get(k) == bad for k, bad, _ in REDUCED_NUMERICS)
+    return bool(reduced_fields(config))
 
 
 class FixErrorGrowth(ReconfigureSkill):
     name = "fix-error-growth"
     signature = ERROR_GROWS_WITH_DEPTH
     description = (
-        "Restores full-precision numerics (bf16 MMUL variant, fp32 accumulation) on matrix kernels that run "
-        "block-FP16 or round partial sums to bf16, and re-configures any call whose probe misses its kernel gate or "
-        "is measurably less accurate than its family default. Use when per-layer cosine falls steadily with depth "
-        "while the first layer is right."
+        "Restores full-precision numerics on every call whose config computes in a narrower type (block-FP16 "
+        "operands, bf16 partial sums, a residual or activation stored in fp8/fp16 instead of bf16, bf16 RoPE "
+        "angles), changing only that option when it suffices, and re-configures any call whose probe misses its "
+        "kernel gate or is measurably less accurate than its family default. Use when per-layer cosine falls "
+        "steadily with depth while the first layer is right."
     )
     purpose = "Stops small per-layer errors from compounding into a failing model."
     commands = resume_commands("fix-error-growth")
@@ -54,10 +69,11 @@ class FixErrorGrowth(ReconfigureSkill):
     failure_modes = ("Every kernel already at full precision and passing alone: unrepaired, needs a human.",)
 
     @staticmethod
-    def prefer(candidate: dict[str, Any], current: dict[str, Any]) -> int:
-        """The per-shape family default first, then full numerics closest to the current tiling."""
+    def prefer(candidate: dict[str, Any], current: dict[str, Any]) -> float:
+        """The smallest change first: one option switched, then the per-shape family default, then full numerics
+        closest to the current tiling."""
         if not candidate:
-            return -1
+            return 1.5
         return (10 if _reduced(candidate) else 0) + sum(candidate.get(k) != v for k, v in current.items())
 
     def accept(self, p: Probe) -> bool:

@@ -1,0 +1,170 @@
+"""Kernel probes on the model's own activations: a call of the plan run on the oracle's captured inputs.
+
+The phase-1 probes feed seeded unit-scale inputs, so a fault that only large or lopsided values trigger (an fp16
+store overflowing at 65504, one massive channel in a trained model's residual stream) passes them and shows only
+when the whole model runs. These probes close that gap: the FP32 oracle runs the gate prompt once with every
+per-layer capture point recorded, and each NPU call whose inputs are captured is run alone, through its real
+binding (``kernels.bind``), on those inputs rounded to bf16, per layer, and compared with the oracle's capture of
+its output. Inputs are the oracle's, not the runner's, so an error upstream cannot be blamed on the call probed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tilepilot.gates import metrics as M
+from tilepilot.harness.model_gate import gate_prompts
+from tilepilot.harness.probes import CallRef, call_shape, config_for, plan_calls
+from tilepilot.kernels import rope
+from tilepilot.kernels.bind import binding, family_module
+from tilepilot.model.graph import LAYER_INPUT, block_graph
+from tilepilot.oracle.capture import all_capture_names, capture_name
+
+# Graph values the oracle captures under another name (the rest share theirs: attn_norm, resid1, ffn_norm).
+_POINT_OF = {
+    "rope_q": "q_rope",
+    "rope_k": "k_rope",
+    "attention": "attn",
+    "gate_proj": "gate",
+    "up_proj": "up",
+    "swiglu": "act",
+    "down_proj": "down",
+    "resid2": "out",
+}
+# Families whose calls need more than captured values (the KV cache) are not probed here.
+SKIPPED_FAMILIES = ("attention",)
+
+
+@dataclass
+class ActivationProbe:
+    """One call of the plan on one layer's captured inputs."""
+
+    call: CallRef
+    layer: int | None  # None: a head call
+    config: dict[str, Any]
+    nonfinite: int = 0
+    cosine: float | None = None  # against the oracle's capture of the output, when it is captured
+    max_abs_input: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.nonfinite == 0 and (self.cosine is None or self.cosine >= GOOD)
+
+    def label(self) -> str:
+        where = "head" if self.layer is None else f"layer {self.layer}"
+        return f"{self.call.label()} at {where}"
+
+
+GOOD = 0.99  # the phase-2 block bound (classify.GOOD_COSINE): a call below it on real inputs is wrong
+
+
+@dataclass
+class Captures:
+    """The oracle's captures of the gate prompt, by graph value name per layer."""
+
+    tensors: dict[str, torch.Tensor]
+    rows: int
+    names: dict[str, str] = field(default_factory=dict)  # graph value -> capture point
+
+    def value(self, name: str, layer: int | None, n_layers: int) -> torch.Tensor | None:
+        """The captured value ``name`` feeding ``layer`` (None for the head), or None when the oracle has none."""
+        if layer is None:
+            head = {LAYER_INPUT: capture_name(n_layers - 1, "out"), "final_norm": "final_norm", "lm_head": "logits"}
+            return self.tensors.get(head[name]) if name in head else None
+        if name == LAYER_INPUT:
+            return self.tensors.get(capture_name(layer - 1, "out")) if layer > 0 else None
+        point = self.names.get(name)
+        return self.tensors.get(capture_name(layer, point)) if point else None
+
+
+def capture_gate_prompt(ctx) -> Captures:
+    """Run the oracle once on the first gate prompt with every capture point."""
+    spec = ctx.spec
+    prompt, _ = gate_prompts(ctx)
+    step = ctx.oracle.prefill(list(prompt), capture=all_capture_names(spec.n_layers))
+    graph = block_graph(spec)
+    names = {n.output: _POINT_OF.get(n.output, n.output) for n in graph.block}
+    for n in graph.block:  # q/k/v/o before the end of their projection -> bias -> norm chain are not captured
+        if n.kind in ("linear", "bias", "head_norm") and n.output not in _POINT_OF:
+            names[n.output] = ""
+    # the chains' ends are what the oracle calls q, k, v (after bias and per-head norm) and o_proj (after its bias)
+    ends = (graph.node("rope_q").inputs[0], graph.node("rope_k").inputs[0], graph.node("kv_write").inputs[1])
+    names.update(dict(zip(ends, ("q", "k", "v"), strict=True)))
+    names[graph.node("resid1").inputs[1]] = "o_proj"
+    return Captures(dict(step.captures), len(prompt), names)
+
+
+def _weights(ctx, layer: int | None) -> dict[str, torch.Tensor]:
+    w = ctx.weights
+    if layer is None:
+        head = w.embed() if ctx.spec.tied_embeddings else w.lm_head()
+        return {"final_norm": w.final_norm().to(torch.bfloat16), "lm_head": head.to(torch.bfloat16)}
+    return {k: v.to(torch.bfloat16) for k, v in w.layer(layer).tensors().items()}
+
+
+def run_call(ctx, caps: Captures, call: CallRef, layer: int | None, config: dict[str, Any]) -> ActivationProbe:
+    """``call`` with ``config`` on ``layer``'s captured inputs: all prompt rows at once for a prefill call, each row
+    as its own one-token step (at its own position) for a decode call, the last row for the LM head."""
+    spec = ctx.spec
+    graph = block_graph(spec)
+    node = graph.node(call.op)
+    ap = ActivationProbe(call, layer, dict(config))
+    ins = [caps.value(v, layer, spec.n_layers) for v in node.inputs]
+    if any(x is None for x in ins):
+        ap.error = "inputs not captured"
+        return ap
+    head = node.kind == "lm_head"
+    steps = [(caps.rows - 1, 1)] if head else [(0, caps.rows)]
+    if call.stage == "decode" and not head:  # one decode step per prompt position, each at its own position
+        steps = [(i, 1) for i in range(caps.rows)]
+    x = [t.to(torch.bfloat16) for t in ins]
+    ap.max_abs_input = max(float(t.float().abs().max()) for t in x)
+    try:
+        rows = steps[0][1]
+        shape = call_shape(spec, call, rows, caps.rows, config)
+        design = family_module(call.family).make_design(shape, config_for(call.family, shape, config))
+        run = binding(node, call.family).run
+        weights = _weights(ctx, layer)
+        outs = []
+        for start, n in steps:
+            args: dict[str, Any] = {"_in": [t[start : start + n] for t in x], "_w": node.weights, **weights}
+            if node.kind == "rope":
+                args.update(cs=rope.table_for(spec, start, n, "fp32"), start=start)
+            outs.append(run(design, args, spec).float())
+        out = torch.cat(outs)
+    except Exception as e:  # noqa: BLE001 - an illegal config is a finding of this probe, not a crash
+        ap.error = f"{type(e).__name__}: {e}"
+        return ap
+    ap.nonfinite = M.nonfinite_count(out)
+    ref = caps.value(node.output, layer, spec.n_layers)
+    if ref is not None and head:
+        ref = ref[-1:]
+    if ref is not None and ref.shape == out.shape and ap.nonfinite == 0:
+        ap.cosine = M.cosine(ref.float(), out)
+    return ap
+
+
+def passes_on_activations(ctx, caps: Captures, call: CallRef, config: dict[str, Any]) -> bool:
+    """Whether ``call`` with ``config`` is finite and agrees with the oracle on every layer's captured inputs."""
+    layers = [None] if call.part == "head" else list(range(ctx.spec.n_layers))
+    runs = [run_call(ctx, caps, call, layer, config) for layer in layers]
+    return all(r.ok for r in runs if r.error != "inputs not captured")
+
+
+def probe_activations(ctx, caps: Captures | None = None, plan=None) -> list[ActivationProbe]:
+    """Every NPU call of the plan on every layer's captured inputs (calls without captures skipped)."""
+    caps = caps or capture_gate_prompt(ctx)
+    out = []
+    for call in plan_calls(plan or ctx.plan):
+        if call.family in SKIPPED_FAMILIES:
+            continue
+        layers = [None] if call.part == "head" else list(range(ctx.spec.n_layers))
+        for layer in layers:
+            ap = run_call(ctx, caps, call, layer, call.config_dict)
+            if ap.error != "inputs not captured":
+                out.append(ap)
+    return out
