@@ -121,17 +121,17 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         workers=workers,
         runtime=rt,
         numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("compute:fp32", *rw.store_point(config.store))),
-        fast=_fast(shape, config.store),
+        fast=rw.with_store(_fast(shape), config.store),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, n, padded_shape={"n": n, "op": shape.op})
     return design
 
 
-def _fast(shape: Shape, kind: str = "bf16"):
+def _fast(shape: Shape):
     fn_op = OPS[shape.op]
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {"c": rw.store(fn_op(inputs["a"].to(torch.float32), inputs["b"].to(torch.float32)), kind)}
+        return {"c": nx.apply_fp32(fn_op, inputs["a"], inputs["b"])}
 
     return fast
 

@@ -27,9 +27,10 @@ ROWS_PER_CALL_CHOICES = (16, 8, 4, 2, 1)
 # The type a row-wise kernel rounds its fp32 result to before writing it (``store``). "bf16" is the design every
 # default and candidate uses. The others are the mistakes a kernel written for another type makes: "fp16" keeps
 # three more mantissa bits but overflows to Inf above 65504 (the large activations of trained models, T5-style
-# fp16 FFN overflow); "fp8_e4m3" (saturating at 448) keeps three mantissa bits, so every write loses ~2 % and a
-# residual stream kept in it drifts further from the model at every layer. The DDR buffer stays bf16 (the value
-# it holds is the narrower one widened back), so the variants change numbers, never bytes or modeled time.
+# fp16 FFN overflow); "fp8_e4m3" (saturating at 448) and "fp8_e5m2" keep three and two mantissa bits, so every
+# write loses 2-5 % and a residual stream kept in them drifts further from the model at every layer. The kernel
+# rounds to bf16 first, then converts. The DDR buffer stays bf16 (the value it holds is the narrower one widened
+# back), so the variants change numbers, never bytes or modeled time.
 STORES = ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
 _NARROW = {"fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
@@ -85,10 +86,27 @@ def row_candidates(
 
 
 def store(y: torch.Tensor, kind: str = "bf16") -> torch.Tensor:
-    """The fp32 result ``y`` as the kernel writes it: rounded (RNE) to ``kind``, held in bf16."""
+    """The fp32 result ``y`` as the kernel writes it: rounded (RNE) to bf16, then, for a narrow store, converted
+    (RNE) to ``kind`` and held in bf16 again."""
+    return narrow(nx.round_bf16(y), kind)
+
+
+def narrow(y: torch.Tensor, kind: str = "bf16") -> torch.Tensor:
+    """A bf16 result written as ``kind`` (fp16 overflows to Inf above 65504; fp8 saturates), held in bf16."""
     if kind == "bf16":
-        return nx.round_bf16(y)
-    return y.to(torch.float32).to(_NARROW[kind]).to(torch.bfloat16)
+        return y
+    return y.to(_NARROW[kind]).to(torch.bfloat16)
+
+
+def with_store(fast: Callable, kind: str) -> Callable:
+    """A design's fast path whose bf16 outputs are written as ``kind`` (``fast`` itself when ``kind`` is bf16)."""
+    if kind == "bf16":
+        return fast
+
+    def stored(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        return {k: narrow(v, kind) for k, v in fast(inputs, exact=exact).items()}
+
+    return stored
 
 
 def store_point(kind: str) -> tuple[str, ...]:

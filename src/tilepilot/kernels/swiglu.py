@@ -115,15 +115,15 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         kernel=_kernel(config),
         local_bytes=0,
         numerics=nx.Numerics("bf16", "fp32", None, "bf16", ("silu:fp32", "mul:fp32", *rw.store_point(config.store))),
-        fast=_fast(config.store),
+        fast=rw.with_store(_fast(), config.store),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, n)
     return design
 
 
-def _fast(store: str = "bf16"):
+def _fast():
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {"y": silu_mul(inputs["gate"], inputs["up"], exact=exact, store=store)}
+        return {"y": silu_mul(inputs["gate"], inputs["up"], exact=exact)}
 
     return fast
 

@@ -8,7 +8,7 @@ from typing import Any
 from tilepilot.harness.probes import CallRef, Probe, probe, stage_rows
 from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, NAN_INF
 from tilepilot.skills.debug.activations import capture_gate_prompt, passes_on_activations, probe_activations
-from tilepilot.skills.debug.common import ReconfigureSkill, reduced_fields, resume_commands
+from tilepilot.skills.debug.common import REDUCED_NUMERICS, ReconfigureSkill, reduced_fields, resume_commands
 
 # A call counts as less accurate than its family default when its probe's 1 - Pearson exceeds the default's by
 # this factor plus a floor (both far above run-to-run identity: probes are seeded, so equal configs match exactly).
@@ -70,11 +70,14 @@ class FixErrorGrowth(ReconfigureSkill):
 
     @staticmethod
     def prefer(candidate: dict[str, Any], current: dict[str, Any]) -> float:
-        """The smallest change first: one option switched, then the per-shape family default, then full numerics
-        closest to the current tiling."""
+        """The smallest change first: one precision option switched (e.g. store fp8 -> bf16), then the per-shape
+        family default, then full numerics closest to the current tiling."""
         if not candidate:
-            return 1.5
-        return (10 if _reduced(candidate) else 0) + sum(candidate.get(k) != v for k, v in current.items())
+            return 1
+        diff = [k for k, v in current.items() if candidate.get(k) != v]
+        if len(diff) == 1 and diff[0] in REDUCED_NUMERICS:
+            return 0
+        return 2 + (10 if _reduced(candidate) else 0) + len(diff)
 
     def accept(self, p: Probe) -> bool:
         return p.ok and not _reduced(p.config)
