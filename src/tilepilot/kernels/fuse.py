@@ -17,7 +17,8 @@ for every model family), so "RMSNorm + Q/K/V projections (+ bias, + Q/K norm) + 
 (``qkv_rope_group``, ``o_ffn_group``). The KV-cache write is not a kernel: on the NPU it is the K/V
 producers' drain landing in the cache buffer, so ``kv_write`` nodes add no launch.
 
-Numerics: a group runs its launches' own fast paths in order on the bound tensors, so a fused group is
+Numerics: a group runs (``npu.execute.run_group_fast``, the executor's one group runner; this module only builds
+groups) its launches' own fast paths in order on the bound tensors, so a fused group is
 bit-identical to its launches run one by one (tested); only the modeled time changes.
 """
 
@@ -36,8 +37,8 @@ from tilepilot.model.spec import ModelSpec
 from tilepilot.model.weights import LayerWeights
 from tilepilot.npu.design import Binding, Design, MultiLaunchGroup, TensorSpec, torch_dtype
 from tilepilot.npu.device import Device, npu2
-from tilepilot.npu.execute import check_inputs
-from tilepilot.npu.validate import DesignError, Violation, check_group
+from tilepilot.npu.execute import binding_error, run_group_fast
+from tilepilot.npu.validate import check_group
 
 LINEAR_FAMILY = {"prefill": "gemm", "decode": "gemv"}
 # DDR tensor names per family: (activation inputs in graph order, weight input or None, output).
@@ -124,10 +125,6 @@ def launch_design(launch: Launch, device: Device | None = None) -> Design:
     return view_design(replace(design, name=launch.name), launch.views)
 
 
-def _binding_errors(problems: list[str], name: str) -> DesignError:
-    return DesignError([Violation("GROUP_BINDING", None, f"group {name}: {p}") for p in problems], f"group {name}")
-
-
 def build_group(
     name: str, launches: Sequence[Launch | Sequence[Any]], device: Device | None = None, validate: bool = False
 ) -> MultiLaunchGroup:
@@ -159,39 +156,8 @@ def build_group(
     group = MultiLaunchGroup(name, designs, bindings)
     problems += group.binding_problems()
     if problems:
-        raise _binding_errors(problems, name)
+        raise binding_error(problems, name)
     return check_group(group) if validate else group
-
-
-def run_group_fast(
-    group: MultiLaunchGroup, inputs: Mapping[str, torch.Tensor], *, exact: bool = False, validate: bool = False
-) -> dict[str, torch.Tensor]:
-    """Every launch's fast path in order on the bound tensors; inputs and outputs keyed ``<launch>.<tensor>``.
-
-    Bindings are always re-checked (GROUP_BINDING); ``validate=True`` also validates every launch.
-    """
-    problems = group.binding_problems()
-    if problems:
-        raise _binding_errors(problems, group.name)
-    if validate:
-        group = check_group(group)
-    feeds = {(b.dst_launch, b.dst_tensor): f"{b.src_launch}.{b.src_tensor}" for b in group.bindings}
-    results: dict[str, torch.Tensor] = {}
-    for d in group.designs:
-        ins: dict[str, torch.Tensor] = {}
-        for spec in d.inputs:
-            src = feeds.get((d.name, spec.name))
-            key = src or f"{d.name}.{spec.name}"
-            pool = results if src else inputs
-            if key not in pool:
-                raise InputError(f"Group {group.name} needs input {key!r} for launch {d.name}; pass it by that name.")
-            ins[spec.name] = pool[key]
-        if d.fast is None:
-            raise ConfigError(f"Launch {d.name} of group {group.name} has no fast path; build it with make_design.")
-        outs = d.fast(check_inputs(d.inputs, ins, f"launch {d.name} of group {group.name}"), exact=exact)
-        for spec in d.outputs:
-            results[f"{d.name}.{spec.name}"] = outs[spec.name]
-    return results
 
 
 def run_unfused_fast(

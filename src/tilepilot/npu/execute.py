@@ -17,7 +17,7 @@ deadlock for lack of buffers there; the converse may fail only for contrived des
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +37,7 @@ from tilepilot.npu.design import (
     torch_dtype,
 )
 from tilepilot.npu.placer import SequentialPlacer
-from tilepilot.npu.validate import check, check_group, uses_shared_memory
+from tilepilot.npu.validate import DesignError, Violation, check, check_group, uses_shared_memory
 
 MAX_OPS = 20_000_000  # guard against runaway programs on the tile path (far above any small-shape design)
 
@@ -368,7 +368,7 @@ def run_tile(design: Design, inputs: dict[str, torch.Tensor], *, validate: bool 
 # ----------------------------------------------------------------------------------------------------------------------
 # Multi-launch groups
 # ----------------------------------------------------------------------------------------------------------------------
-def _run_group(group: MultiLaunchGroup, inputs: dict[str, torch.Tensor], run_one) -> dict[str, torch.Tensor]:
+def _run_group(group: MultiLaunchGroup, inputs: Mapping[str, torch.Tensor], run_one) -> dict[str, torch.Tensor]:
     bindings = {(b.dst_launch, b.dst_tensor): (b.src_launch, b.src_tensor) for b in group.bindings}
     results: dict[str, torch.Tensor] = {}
     for d in group.designs:
@@ -384,11 +384,32 @@ def _run_group(group: MultiLaunchGroup, inputs: dict[str, torch.Tensor], run_one
     return results
 
 
+def binding_error(problems: list[str], name: str) -> DesignError:
+    """The validator's GROUP_BINDING error for a group's binding problems."""
+    return DesignError([Violation("GROUP_BINDING", None, f"group {name}: {p}") for p in problems], f"group {name}")
+
+
+def check_bindings(group: MultiLaunchGroup) -> None:
+    """GROUP_BINDING when a launch reads a tensor no earlier launch writes (or of another shape): a group edited
+    after it was built (an argument renamed in one launch) fails before computing anything."""
+    problems = group.binding_problems()
+    if problems:
+        raise binding_error(problems, group.name)
+
+
 def run_group_fast(
-    group: MultiLaunchGroup, inputs: dict[str, torch.Tensor], *, exact: bool = False
+    group: MultiLaunchGroup, inputs: Mapping[str, torch.Tensor], *, exact: bool = False, validate: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Run every launch of a group on the fast path; inputs and outputs are keyed ``<launch>.<tensor>``."""
-    group = check_group(group)
+    """Every launch's fast path in order on the bound tensors; inputs and outputs keyed ``<launch>.<tensor>``.
+
+    Like ``run_fast``, the launches are validated first (an illegal design must not produce numbers); a caller
+    that already validated them (``kernels.fuse.build_group(validate=True)``, a plan's ``KernelLibrary``) passes
+    ``validate=False``. The bindings are re-checked either way (``check_bindings``).
+    """
+    if validate:
+        group = check_group(group)
+    else:
+        check_bindings(group)
     return _run_group(group, inputs, lambda d, ins: run_fast(d, ins, exact=exact, validate=False))
 
 
