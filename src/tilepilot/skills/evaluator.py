@@ -56,14 +56,10 @@ from tilepilot.oracle.model import Oracle
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 from tilepilot.runtime.workspace import load_workspace
-from tilepilot.skills.context import (
-    TIMING_PROMPT_LEN,
-    checkpoint_files,
-    file_digest,
-    perf_figures,
-    plan_digest,
-)
 from tilepilot.skills.journal import EVALUATION, Journal
+from tilepilot.skills.runners import perf_figures
+from tilepilot.skills.settings import TIMING_PROMPT_LEN
+from tilepilot.skills.workspace import checkpoint_files, file_digest, plan_digest
 
 # Claimed figures are compared in two parts. The modeled part (NPU dispatches + buffer syncs) comes from a
 # deterministic model, so only float noise is allowed, in either direction and under any calibration key: a

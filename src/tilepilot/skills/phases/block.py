@@ -21,11 +21,11 @@ def measure_block(ctx, plan) -> tuple[dict[str, Any], dict[str, Any]]:
     """Layer-0 output of the runner vs the oracle, for the prompt (prefill) and its last token (decode)."""
 
     ids, _ = gate_prompts(ctx)
-    runner = ctx.make_runner(plan)
+    runner = ctx.runners.make_runner(plan)
     pre = runner.prefill(ids, capture_layers=True).layer_outputs[0]
     runner.prefill(ids[:-1])
     dec = runner.decode(ids[-1], capture_layers=True).layer_outputs[0]
-    oracle = ctx.oracle
+    oracle = ctx.model.oracle
     ref_pre = oracle.prefill(ids, capture=["layer0.out"]).captures["layer0.out"]
     oracle.prefill(ids[:-1])
     ref_dec = oracle.decode(ids[-1], capture=["layer0.out"]).captures["layer0.out"]
@@ -68,15 +68,15 @@ class SingleBlockValidation(PhaseSkill):
     def run(self, ctx):
 
         try:
-            m, evidence = measure_block(ctx, ctx.plan)
+            m, evidence = measure_block(ctx, ctx.workspace.plan)
         except Exception as e:
             codes = list(getattr(e, "codes", []) or [])
             if not codes:
                 raise
-            report = T.phase2_gate(ctx.spec.head_dim).evaluate({}, details={"error": str(e)})
+            report = T.phase2_gate(ctx.model.spec.head_dim).evaluate({}, details={"error": str(e)})
             return finish(self, ctx, report, {"validator_codes": codes, "error": str(e)}, "block could not be built")
-        report = T.phase2_gate(ctx.spec.head_dim).evaluate(m)
+        report = T.phase2_gate(ctx.model.spec.head_dim).evaluate(m)
         if not report.passed:
-            evidence["rope_position_cosine"] = rope_probe(ctx.plan, ctx.spec)
+            evidence["rope_position_cosine"] = rope_probe(ctx.workspace.plan, ctx.model.spec)
         summary = f"block 0 cosine {m[T.COSINE]:.5f}, min position cosine {m[T.MIN_POSITION_COSINE]:.5f}"
         return finish(self, ctx, report, evidence, summary)

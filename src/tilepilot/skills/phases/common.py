@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from tilepilot.skills.base import PhaseSkill, SkillInput, SkillResult
-from tilepilot.skills.context import DeployContext, plan_digest
+from tilepilot.skills.context import DeployContext
+from tilepilot.skills.workspace import plan_digest
 
 WORKSPACE_INPUT = SkillInput("workspace", "the deployment workspace (deployment.json with the plan and model path)")
 
@@ -29,10 +30,10 @@ def finish(
     payload["phase"] = skill.phase
     payload["skill"] = skill.name
     payload["evidence"] = evidence
-    payload["plan_digest"] = plan_digest(ctx.plan)
-    payload["checkpoint_sha256"] = ctx.get_extra("checkpoint_sha256")
+    payload["plan_digest"] = plan_digest(ctx.workspace.plan)
+    payload["checkpoint_sha256"] = ctx.workspace.get_extra("checkpoint_sha256")
     payload["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    path = ctx.journal.write_gate(skill.name, payload)
+    path = ctx.workspace.journal.write_gate(skill.name, payload)
     status = "passed" if report.passed else "failed"
     text = summary if report.passed else f"{summary}; " + "; ".join(report.failures)
     return skill.result(status, text, evidence=evidence, files=[str(path), *(extra_files or [])], gate=report.to_dict())

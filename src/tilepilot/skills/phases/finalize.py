@@ -24,10 +24,11 @@ from tilepilot.kernels.registry import RegistryRow
 from tilepilot.kernels.tuning import modeled_seconds, timing_key
 from tilepilot.npu.trace import library_layouts
 from tilepilot.skills.base import PhaseSkill, SkillInput
-from tilepilot.skills.context import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, KNOWLEDGE_REGISTRY, perf_figures
 from tilepilot.skills.journal import TRACE_DIR, atomic_write_json
+from tilepilot.skills.knowledge import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, KNOWLEDGE_REGISTRY
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 from tilepilot.skills.phases.kernels import probe_evidence
+from tilepilot.skills.runners import perf_figures
 
 SRC_GEN = "DESIGN.md section 6 phase 6: generate works (greedy tokens equal the oracle's under the token-set rule)"
 SRC_LEARN = "DESIGN.md section 6 phase 6: registry and LESSONS updated"
@@ -36,7 +37,7 @@ GENERATE_TOKENS = 16  # enough decode steps to exercise the KV cache; the model 
 
 def _registry_rows(ctx, probes) -> list[Any]:
 
-    rows, name = [], ctx.spec.name or ctx.spec.architecture
+    rows, name = [], ctx.model.spec.name or ctx.model.spec.architecture
     for p in probes:
         if not p.ok:
             continue
@@ -63,14 +64,14 @@ def _perf_lessons(ctx) -> list[dict[str, Any]]:
     """Which optimizations were kept or rejected, per stage, as compact lesson rows."""
     out = []
     for phase in ("prefill-optimization", "decode-optimization"):
-        g = ctx.journal.read_gate(phase) or {}
+        g = ctx.workspace.journal.read_gate(phase) or {}
         for s in (g.get("evidence") or {}).get("skills", []):
             for row in s.get("applied", []) + s.get("rejected", []):
                 out.append(
                     {
                         "kind": "optimization",
-                        "model": ctx.spec.name or ctx.spec.architecture,
-                        "family": ctx.spec.family,
+                        "model": ctx.model.spec.name or ctx.model.spec.architecture,
+                        "family": ctx.model.spec.family,
                         "skill": s["skill"],
                         "stage": row.get("target"),
                         "change": row.get("change"),
@@ -84,10 +85,10 @@ def _oracle_greedy(ctx, ids: list[int], n: int) -> tuple[list[int], list[list[in
     """The oracle's greedy tokens and top-5 ids on the gate prompt: the model gate's cached reference when it is
     long enough (the deployment computed it once, in phase 0), else a fresh run."""
 
-    ref = ctx.reference(*gate_prompts(ctx))
+    ref = ctx.model.reference(*gate_prompts(ctx))
     if ref.prompt == list(ids) and len(ref.greedy_tokens) >= n:
         return ref.greedy_tokens[:n], ref.greedy_top5[:n]
-    g = ctx.oracle.greedy(ids, n)
+    g = ctx.model.oracle.greedy(ids, n)
     return g.tokens, g.top5_per_step
 
 
@@ -122,9 +123,9 @@ class FinalizeAndLearn(PhaseSkill):
     def run(self, ctx):
         import torch
 
-        plan = ctx.plan
+        plan = ctx.workspace.plan
         ids, _ = gate_prompts(ctx)
-        runner = ctx.make_runner(plan)
+        runner = ctx.runners.make_runner(plan)
         t0 = time.perf_counter()
         gen = runner.generate(ids, GENERATE_TOKENS, stop_ids=())
         host_s = time.perf_counter() - t0
@@ -137,17 +138,17 @@ class FinalizeAndLearn(PhaseSkill):
         test_top5: list[list[int]] = []
         diverge = M.first_divergence(ref_tokens, gen.tokens)
         if diverge is not None:
-            check_runner = ctx.make_runner(plan)
+            check_runner = ctx.runners.make_runner(plan)
             logits = check_runner.prefill(ids).logits[-1]
             for tok in gen.tokens[: diverge + 1]:
                 test_top5.append(torch.topk(logits, 5).indices.tolist())
                 logits = check_runner.decode(tok).logits[-1]
         check = M.greedy_token_set_check(ref_tokens, gen.tokens, ref_top5, test_top5)
         text = None
-        if ctx.tokenizer is not None:
-            text = ctx.tokenizer.decode(gen.tokens)
+        if ctx.model.tokenizer is not None:
+            text = ctx.model.tokenizer.decode(gen.tokens)
 
-        probes = probe_plan(plan, ctx.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed, tile=False)
+        probes = probe_plan(plan, ctx.model.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed, tile=False)
         failed = [p for p in probes if not p.ok]
 
         # learn: registry rows + lessons
@@ -157,25 +158,27 @@ class FinalizeAndLearn(PhaseSkill):
         summary_lesson = (
             f"Final plan: {plan.dispatches_per_layer('prefill')} prefill / {plan.dispatches_per_layer('decode')} "
             f"decode dispatches per layer; modeled TTFT@{ctx.settings.timing_prompt_len} "
-            f"{perf_figures(plan, ctx.timing(plan))['ttft_s']:.4f} s."
+            f"{perf_figures(plan, ctx.runners.timing(plan))['ttft_s']:.4f} s."
         )
-        ctx.journal.lesson(f"finalize: {ctx.spec.name or ctx.spec.architecture}", summary_lesson)
+        ctx.workspace.journal.lesson(f"finalize: {ctx.model.spec.name or ctx.model.spec.architecture}", summary_lesson)
         written["lessons"] = len(new_lessons) + 1
         kd = ctx.settings.knowledge_dir
         if kd is not None:
-            registry = ctx.kernel_registry
+            registry = ctx.knowledge.kernel_registry
             for row in _registry_rows(ctx, probes):
                 registry.add(row)
             registry.save(kd / KNOWLEDGE_REGISTRY)
             written["registry_rows"] = len(registry)
             lp = kd / KNOWLEDGE_LESSONS
-            old = ctx.load_lessons()
+            old = ctx.knowledge.load_lessons()
             seen = {json.dumps(x, sort_keys=True) for x in old}
             merged = old + [x for x in new_lessons if json.dumps(x, sort_keys=True) not in seen]
             atomic_write_json(lp, {"lessons": merged})
             md = kd / KNOWLEDGE_LESSONS_MD
             prev = md.read_text(encoding="utf-8") if md.exists() else "# Lessons shared between deployments\n\n"
-            write_text_atomic(md, prev + f"## {ctx.spec.name or ctx.spec.architecture}\n\n{summary_lesson}\n\n")
+            write_text_atomic(
+                md, prev + f"## {ctx.model.spec.name or ctx.model.spec.architecture}\n\n{summary_lesson}\n\n"
+            )
         m = {
             "generate.tokens": float(len(gen.tokens)),
             "generate.token_set_ok": float(check.passed),

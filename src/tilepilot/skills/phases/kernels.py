@@ -66,8 +66,8 @@ class KernelValidation(PhaseSkill):
 
     def run(self, ctx):
 
-        probes = probe_plan(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed)
-        groups = group_checks(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len)
+        probes = probe_plan(ctx.workspace.plan, ctx.model.spec, ctx.settings.gate_prompt_len, seed=ctx.settings.seed)
+        groups = group_checks(ctx.workspace.plan, ctx.model.spec, ctx.settings.gate_prompt_len)
         failed = [p for p in probes if not p.ok]
         bad_groups = [g for g in groups if not g.ok]
         pearsons = [p.measurements["pearson"] for p in probes if "pearson" in p.measurements]

@@ -35,7 +35,7 @@ class FullModelValidation(PhaseSkill):
     )
 
     def run(self, ctx):
-        report, evidence = model_gate(ctx, ctx.plan)
+        report, evidence = model_gate(ctx, ctx.workspace.plan)
         m = report.measurements
 
         cos = m.get(T.LOGITS_COSINE)

@@ -17,9 +17,9 @@ from tilepilot.harness.model_gate import model_gate, model_gate_thresholds
 from tilepilot.kernels.tuning import calibration_key
 from tilepilot.skills import registry
 from tilepilot.skills.base import PhaseSkill
-from tilepilot.skills.context import perf_figures
 from tilepilot.skills.optimize.common import clone
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
+from tilepilot.skills.runners import perf_figures
 
 BASELINE_KEY = "optimization_baseline"
 SRC_STEPS = "DESIGN.md section 6: modeled time strictly lower after each applied skill"
@@ -27,13 +27,13 @@ SRC_STEPS = "DESIGN.md section 6: modeled time strictly lower after each applied
 
 def baseline(ctx) -> dict[str, Any]:
     """Modeled figures of the plan as it entered phase 4 (stored in deployment.json on first use)."""
-    b = ctx.get_extra(BASELINE_KEY)
+    b = ctx.workspace.get_extra(BASELINE_KEY)
     if not b:
-        plan = ctx.plan
-        b = perf_figures(plan, ctx.timing(plan))
+        plan = ctx.workspace.plan
+        b = perf_figures(plan, ctx.runners.timing(plan))
         b["decode_s_per_token"] = b["decode_ms_per_token"] / 1e3
         b["prompt_len"] = ctx.settings.timing_prompt_len
-        ctx.set_extra(BASELINE_KEY, b)
+        ctx.workspace.set_extra(BASELINE_KEY, b)
     return b
 
 
@@ -58,28 +58,28 @@ class _OptimizationPhase(PhaseSkill):
     def run(self, ctx):
 
         base = baseline(ctx)
-        start = clone(ctx.plan)
+        start = clone(ctx.workspace.plan)
         skills = self._run_skills(ctx, registry)
-        plan = ctx.plan
+        plan = ctx.workspace.plan
         report, evidence = model_gate(ctx, plan)
         s, first_pass = ctx.settings, None
         if not report.passed and _applied(skills) and s.proposal_greedy_steps < s.greedy_steps:
             # A kept change passed its short greedy check but the plan fails the full one: start the phase again
             # from its input plan with every proposal gated by the full check, so the culprit is rejected by name.
-            ctx.journal.progress(
+            ctx.workspace.journal.progress(
                 f"{self.name}: the kept plan fails the full {s.greedy_steps}-token gate "
                 f"({'; '.join(report.failures)}); re-running the phase with the full gate for every proposal"
             )
-            ctx.save_plan(start)
+            ctx.workspace.save_plan(start)
             ctx.full_proposal_gate = True
             first_pass = skills
             try:
                 skills = self._run_skills(ctx, registry)
             finally:
                 ctx.full_proposal_gate = False
-            plan = ctx.plan
+            plan = ctx.workspace.plan
             report, evidence = model_gate(ctx, plan)
-        after = perf_figures(plan, ctx.timing(plan))
+        after = perf_figures(plan, ctx.runners.timing(plan))
         # Each applied step must have lowered the stage's figure strictly (try_proposal guarantees it; re-checked).
         metric = "ttft" if self.stage == "prefill" else "decode"
         not_faster = sum(

@@ -32,8 +32,8 @@ def _hf_reference(ctx, ids: list[int], continuation: list[int], n_layers: int):
     (in the checkpoint's dtype, sharing the checkpoint's mapped tensors, one module in FP32 at a time: neither a
     second copy of the weights nor an FP32 one)."""
 
-    tensors = getattr(ctx.weights, "get", None)
-    return run_reference(load_reference_model(ctx.model_dir, tensors), ids, continuation, n_layers)
+    tensors = getattr(ctx.model.weights, "get", None)
+    return run_reference(load_reference_model(ctx.workspace.model_dir, tensors), ids, continuation, n_layers)
 
 
 class BuildCpuOracle(PhaseSkill):
@@ -65,18 +65,20 @@ class BuildCpuOracle(PhaseSkill):
 
     def run(self, ctx):
 
-        spec = ctx.spec
-        digest = ctx.checkpoint_digest()
-        ctx.set_extra("checkpoint_sha256", digest)
+        spec = ctx.model.spec
+        digest = ctx.workspace.checkpoint_digest()
+        ctx.workspace.set_extra("checkpoint_sha256", digest)
         ids, second = gate_prompts(ctx)
         # The model gate's own reference (prompt logits, every layer's output, the 32-token greedy), computed
         # once here and reused by phases 3-5: what phase 0 certifies is exactly what they compare against.
-        ctx.journal.progress(f"oracle: prefill of {len(ids)} tokens and a {ctx.settings.greedy_steps}-token greedy")
-        ref = ctx.reference(ids, second)
+        ctx.workspace.journal.progress(
+            f"oracle: prefill of {len(ids)} tokens and a {ctx.settings.greedy_steps}-token greedy"
+        )
+        ref = ctx.model.reference(ids, second)
         logits = ref.logits
         # KV-cache self-consistency: prefill all but the last token, decode the last one.
-        ctx.oracle.prefill(ids[:-1])
-        last = ctx.oracle.decode(ids[-1]).logits[0]
+        ctx.model.oracle.prefill(ids[:-1])
+        last = ctx.model.oracle.decode(ids[-1]).logits[0]
         kv_rel = M.max_rel_err(logits[-1], last)
         m: dict[str, Any] = {
             T.NONFINITE: float(M.nonfinite_count(logits)),
@@ -85,7 +87,9 @@ class BuildCpuOracle(PhaseSkill):
         evidence: dict[str, Any] = {"prompt_ids": ids, "checkpoint_sha256": digest}
         have_hf = importlib.util.find_spec("transformers") is not None
         if have_hf:
-            ctx.journal.progress("transformers reference: one FP32 pass over the prompt and the oracle's greedy")
+            ctx.workspace.journal.progress(
+                "transformers reference: one FP32 pass over the prompt and the oracle's greedy"
+            )
             hf = _hf_reference(ctx, ids, ref.greedy_tokens, spec.n_layers)
             layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, ref.layers, strict=True)]
             # The last HF hidden state is taken after the final norm; compare only the layers before it.
