@@ -23,6 +23,7 @@ from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.kernels.bind import binding, family_module, make_config
 from tilepilot.kernels.fuse import group_for_ops
 from tilepilot.model.graph import KV_FAMILY, block_graph
+from tilepilot.model.quant import quantize
 from tilepilot.npu.design import MultiLaunchGroup, torch_dtype
 from tilepilot.npu.execute import run_group_tile, run_tile
 from tilepilot.npu.validate import validate, validate_group
@@ -127,15 +128,20 @@ def _dict(x: Any) -> dict[str, Any]:
     return asdict(x) if is_dataclass(x) else dict(x)
 
 
-def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0) -> tuple[dict, dict]:
+def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0, shape=None) -> tuple[dict, dict]:
     """Seeded inputs for the design (by its DDR tensor names), and the same for the reference.
 
     RoPE gets real cos/sin tables (so position 0 is the identity); the reference gets them in FP32 as the
-    true op, the design in its declared table dtype.
+    true op, the design in its declared table dtype. A packed (uint8) weight is a seeded weight quantized in the
+    shape's block format: random bytes would make fp16 block scales NaN or Inf.
     """
 
     ins, ref = {}, {}
     for ts in design.inputs:
+        if ts.dtype == "uint8" and shape is not None and hasattr(shape, "fmt"):
+            w = torch.randn((shape.n, shape.k), generator=gen, dtype=torch.float32)
+            ins[ts.name] = ref[ts.name] = quantize(w, shape.fmt, shape.block).data.reshape(ts.shape)
+            continue
         dt = torch_dtype(ts.dtype)
         if family == "rope" and ts.name == "cs":
             cos, sin = rope_tables(torch.arange(start, start + ts.shape[0]), inv_freq_for(spec))
@@ -186,7 +192,7 @@ def probe(
     gen = torch.Generator().manual_seed(seed)
     # a decode call runs at the last position of its context (RoPE tables there, not at the identity position 0)
     start = context - rows if call.stage == "decode" else 0
-    ins, ref_ins = _inputs(design, call.family, spec, gen, start)
+    ins, ref_ins = _inputs(design, call.family, spec, gen, start, shape)
     out = design.fast(ins)
     ref = _run_reference(mod, ref_ins, shape)
     name = design.outputs[0].name

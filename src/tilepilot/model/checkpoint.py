@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from tilepilot.errors import CheckpointError
 from tilepilot.model.safetensors_io import LOADABLE_DTYPES, SafetensorsHeader, read_header
 from tilepilot.model.spec import ModelSpec, load_spec
+from tilepilot.model.stored_blocks import StoredBlocks
 from tilepilot.model.weights import LayerWeights, layer_from_lookup
 
 SINGLE_FILE = "model.safetensors"
@@ -186,6 +188,11 @@ class Checkpoint:
         if self.spec.tied_embeddings:
             return self.embed()
         return self.get("lm_head.weight")
+
+    @cached_property
+    def stored_blocks(self) -> StoredBlocks:
+        """The quantized blocks the directory's GGUF stored (empty unless imported from a quantized GGUF)."""
+        return StoredBlocks(self.model_dir)
 
     def close(self) -> None:
         self._handles.clear()

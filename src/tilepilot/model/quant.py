@@ -20,6 +20,7 @@ m = min. Errors are bounded by half a step plus fp16 rounding of d and m (``erro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,7 +286,7 @@ class QuantizedWeights:
     stored when their format is the deployment's; everything else is quantized round-to-nearest from bf16.
     """
 
-    def __init__(self, source, fmt: WeightFormat, stored: dict[str, QuantTensor] | None = None):
+    def __init__(self, source, fmt: WeightFormat, stored: Mapping[str, QuantTensor] | None = None):
         self.source = source
         self.spec = source.spec
         self.format = fmt
@@ -350,9 +351,10 @@ class QuantizedWeights:
         return self.source.lm_head()
 
 
-def deployment_weights(source, fmt: WeightFormat | dict | None, stored: dict | None = None):
-    """``source`` itself for bf16, else a ``QuantizedWeights`` over it (idempotent)."""
+def deployment_weights(source, fmt: WeightFormat | dict | None, stored: Mapping[str, QuantTensor] | None = None):
+    """``source`` itself for bf16, else a ``QuantizedWeights`` over it (idempotent). Without ``stored``, the blocks
+    the source's directory holds as its GGUF stored them (``Checkpoint.stored_blocks``) are used where they match."""
     fmt = fmt if isinstance(fmt, WeightFormat) else WeightFormat.from_dict(fmt)
     if not fmt.quantized or isinstance(source, QuantizedWeights):
         return source
-    return QuantizedWeights(source, fmt, stored)
+    return QuantizedWeights(source, fmt, stored if stored is not None else getattr(source, "stored_blocks", None))

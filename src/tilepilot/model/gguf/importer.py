@@ -23,6 +23,7 @@ from tilepilot.model.gguf.reader import GGUFFile, open_gguf
 from tilepilot.model.gguf.tensors import check_against_spec, hf_tensors, packed, selected
 from tilepilot.model.gguf.tokenizer import build_tokenizer, tokenizer_config
 from tilepilot.model.spec import spec_from_config
+from tilepilot.model.stored_blocks import BLOCKS_FILE, write_stored_blocks
 from tilepilot.model.zoo import DEFAULT_SHARD_BYTES, check_out_dir, write_json
 
 SOURCE_FILE = "gguf_source.json"  # provenance; also tells a later run which file a directory came from
@@ -121,6 +122,9 @@ def import_gguf(
         tokenizer.save(str(tmp / "tokenizer.json"))
         write_json(tmp / "tokenizer_config.json", tokenizer_config(gguf, tokenizer, cfg["max_position_embeddings"]))
         _write_weights(tmp, gguf, pairs, cfg, shard_bytes, report)
+        blocks = dict(packed(gguf, pairs, cfg))
+        if blocks:  # the quantized tensors' own bytes, for deployments that keep them as stored
+            write_stored_blocks(tmp / BLOCKS_FILE, blocks)
         quant: dict[str, int] = {}
         for g, _ in pairs:
             name = gguf.tensors[g].tensor_type.name
