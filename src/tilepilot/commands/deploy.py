@@ -14,12 +14,16 @@ from pathlib import Path
 
 from tilepilot.commands.import_gguf import progress_bar
 from tilepilot.errors import InputError
+from tilepilot.harness.quant_quality import render as render_quality
 from tilepilot.model.gguf import is_gguf_input, resolve_model_path
+from tilepilot.model.quant import DEFAULT_BF16_TENSORS, FORMATS, GGUF_BLOCK, WeightFormat
+from tilepilot.model.spec import load_spec
 from tilepilot.model.zoo import get_zoo_model
 from tilepilot.runtime.timing import same_model_claims
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills.context import Settings
 from tilepilot.skills.orchestrator import deploy
+from tilepilot.skills.weights import stored_format
 
 KNOWLEDGE_ENV = "TILEPILOT_KNOWLEDGE"
 
@@ -60,6 +64,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="configs the tile tuner times per new kernel shape (default 24; the registry makes repeats lookups)",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        metavar="FORMAT",
+        help=(
+            "weight format of the layers' projections: bf16, q4_0 (signed 4-bit, a scale per block), q4_1 (affine "
+            "4-bit, scale and min per block, AIR's Q4NX), q8_0. Default: bf16 for a safetensors checkpoint; for a "
+            "GGUF input its own format, its blocks used as stored (no dequantize-requantize). Any other format or "
+            "block size is round-to-nearest from the bf16 values. On --resume: the recorded format"
+        ),
+    )
+    p.add_argument(
+        "--block",
+        default=None,
+        metavar="N",
+        help=f"values per quantization block for round-to-nearest (even, dividing every K; default {GGUF_BLOCK})",
+    )
+    p.add_argument(
+        "--keep-bf16",
+        default="",
+        metavar="NAMES",
+        help=(
+            "comma-separated projections kept in bf16 in a quantized deployment (of wq,wk,wv,wo,w_gate,w_up,w_down); "
+            "the embedding and the LM head always stay bf16 (a GGUF's quantized embedding deploys as its "
+            "dequantized values)"
+        ),
     )
     p.add_argument(
         "--try-bfp16",
@@ -121,6 +152,30 @@ def _published(model: str, prompt_len: int | None, full_size: bool) -> dict | No
     return pub.get("paper_autonomous_deployments_2048", {}).get(str(model).lower())
 
 
+def weight_args(args) -> tuple[str | None, int, tuple[str, ...]]:
+    """--weights, --block and --keep-bf16 checked before anything is imported or written (one sentence each)."""
+    if args.weights is not None and args.weights not in FORMATS:
+        raise InputError(f"--weights {args.weights!r} is not a weight format; use one of {', '.join(FORMATS)}")
+    try:
+        block = GGUF_BLOCK if args.block is None else int(args.block)
+    except ValueError:
+        raise InputError(f"--block {args.block!r} is not a number; give an even block size such as 32") from None
+    keep = tuple(t.strip() for t in args.keep_bf16.split(",") if t.strip())
+    return args.weights, block, keep
+
+
+def weight_format(args, model_dir: Path) -> WeightFormat | None:
+    """The format to deploy (None on a resume that names none: the recorded one). Without --weights: a GGUF
+    input's own block format when every projection shares one (its blocks then deploy as stored), else bf16."""
+    name, block, keep = weight_args(args)
+    if name is None and args.block is None and not keep and args.resume:
+        return None
+    if name is None:
+        own = stored_format(model_dir, load_spec(model_dir)) if is_gguf_input(args.model_dir) else None
+        name = own or "bf16"
+    return WeightFormat(name, block, (*DEFAULT_BF16_TENSORS, *keep))
+
+
 def _model_dir(args, console) -> Path:
     """The Hugging Face directory to deploy: MODEL_DIR itself, or a GGUF imported beside the workspace."""
 
@@ -164,7 +219,10 @@ def run(args) -> int:
         if args.tune_candidates < 1:
             raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
         settings = replace(settings, tune_max_candidates=args.tune_candidates)
-    summary = deploy(_model_dir(args, err), args.out, resume=args.resume, settings=settings, on_event=on_event)
+    weight_args(args)  # refuse bad values before a GGUF is imported
+    model_dir = _model_dir(args, err)
+    settings = replace(settings, weights=weight_format(args, model_dir))
+    summary = deploy(model_dir, args.out, resume=args.resume, settings=settings, on_event=on_event)
     for st in statuses.values():
         st.stop()
     published = _published_for(summary)
@@ -178,8 +236,13 @@ def run(args) -> int:
         out = Console()
         color = "green" if summary.ok else "red"
         out.print(f"[bold {color}]{summary.verdict}[/] {summary.model} -> {summary.workspace}")
+        if (summary.performance or {}).get("weights"):
+            out.print(f"weights: {summary.performance['weights']}")
         for line in _fmt_perf(summary.performance, published):
             out.print(line)
+        if summary.quantization_error:
+            for line in render_quality(summary.quantization_error):
+                out.print(line, highlight=False)
         if summary.review:
             out.print(summary.review)
     return 0 if summary.ok else 1

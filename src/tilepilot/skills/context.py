@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import WorkspaceError
+from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import load_spec
+from tilepilot.plan.plan import with_weights
 from tilepilot.runtime import workspace as ws_mod
 from tilepilot.runtime.workspace import RUNTIME_KEY
 from tilepilot.skills.base import SkillResult
@@ -33,6 +35,7 @@ from tilepilot.skills.knowledge import KNOWLEDGE_LESSONS, KNOWLEDGE_LESSONS_MD, 
 from tilepilot.skills.reference import ModelReference
 from tilepilot.skills.runners import RunnerFactory, perf_figures
 from tilepilot.skills.settings import TIMING_PROMPT_LEN, TUNE_MAX_CANDIDATES, Settings
+from tilepilot.skills.weights import WEIGHTS_KEY, check_format, describe, weights_record
 from tilepilot.skills.workspace import DeployWorkspace, checkpoint_files, file_digest, plan_digest
 
 __all__ = [
@@ -97,7 +100,9 @@ class DeployContext:
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self.workspace = DeployWorkspace(self.root)
-        self.runners = RunnerFactory(self.workspace, lambda: self.model.weights, self.settings.timing_prompt_len)
+        self.runners = RunnerFactory(
+            self.workspace, lambda fmt: self.model.weights_for(fmt), self.settings.timing_prompt_len
+        )
         self.knowledge = Knowledge(self.settings.knowledge_dir, self.workspace.journal)
         self._model: ModelReference | None = None
 
@@ -105,7 +110,8 @@ class DeployContext:
     def model(self) -> ModelReference:
         """The model reference, built on first use (it reads the model directory from deployment.json)."""
         if self._model is None:
-            self._model = ModelReference(self.workspace.model_dir, self.settings.greedy_steps, self.runners.draft)
+            fmt = self.workspace.plan.weight_format()
+            self._model = ModelReference(self.workspace.model_dir, fmt, self.settings.greedy_steps, self.runners.draft)
         return self._model
 
     def __getattr__(self, name: str) -> Any:
@@ -130,7 +136,11 @@ class DeployContext:
     ) -> DeployContext:
         """Scope-check ``model_dir`` and scaffold (or, with ``resume``, reopen) the workspace ``out``."""
         out = Path(out)
+        settings = settings or Settings()
         spec = load_spec(model_dir)  # scope check: raises ScopeError/ConfigError with one sentence
+        fmt = settings.weights
+        if fmt is not None:
+            check_format(fmt, spec)
         deployment = out / ws_mod.DEPLOYMENT_FILE
         if deployment.exists() and not resume:
             raise WorkspaceError(
@@ -142,11 +152,23 @@ class DeployContext:
                 raise WorkspaceError(
                     f"{out} is a deployment of {ws.model_dir}, not {model_dir}; resume it with that model directory"
                 )
+            recorded = ws.plan.weight_format()
+            if fmt is not None and fmt != recorded:
+                raise WorkspaceError(
+                    f"{out} deploys {describe(ws.extra.get(WEIGHTS_KEY))} weights, not {fmt.format} (block "
+                    f"{fmt.block}); resume it without --weights or choose a new --out directory"
+                )
         else:
             if out.exists() and any(out.iterdir()) and not resume:
                 raise WorkspaceError(f"{out} exists and is not empty; choose a new --out directory")
-            ws_mod.make_workspace(model_dir, "default", out, overwrite=False)
-        ctx = cls(out, settings or Settings())
+            ws = ws_mod.make_workspace(model_dir, "default", out, overwrite=False)
+            fmt = fmt or WeightFormat()
+            if fmt.quantized:
+                ws.plan = with_weights(ws.plan, fmt)
+            ws.extra[WEIGHTS_KEY] = weights_record(fmt, ws.model_dir, spec)
+            ws.save()
+        ctx = cls(out, settings)
         if ctx.workspace.journal.scaffold(spec.name or spec.architecture):
             ctx.knowledge.inherit_lessons(spec)
+            ctx.workspace.journal.progress(f"weights: {describe(ctx.workspace.get_extra(WEIGHTS_KEY))}")
         return ctx

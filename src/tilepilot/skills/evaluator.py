@@ -49,6 +49,7 @@ from tilepilot.harness.probes import kernel_audit
 from tilepilot.harness.prompts import EVAL_KL_TEXTS, EVAL_TEXTS, distinct_prompt_pair
 from tilepilot.kernels.tuning import calibration_key
 from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.quant import deployment_weights
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.npu.trace import Trace
 from tilepilot.npu.validate import DesignError
@@ -59,6 +60,7 @@ from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills.journal import EVALUATION, Journal
 from tilepilot.skills.runners import perf_figures
 from tilepilot.skills.settings import TIMING_PROMPT_LEN
+from tilepilot.skills.weights import WEIGHTS_KEY, describe, packed_digest
 from tilepilot.skills.workspace import checkpoint_files, file_digest, plan_digest
 
 # Claimed figures are compared in two parts. The modeled part (NPU dispatches + buffer syncs) comes from a
@@ -182,7 +184,15 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
     plan, spec = ws.plan, ws.spec
     out: dict[str, Any] = {"plan_digest": plan_digest(plan), "model_dir": str(ws.model_dir)}
     out["checkpoint_sha256"] = file_digest(checkpoint_files(ws.model_dir))
-    weights = load_checkpoint(ws.model_dir)
+    # the deployed model: for a block format the packed blocks (the GGUF's as stored where the files hold them) and
+    # their dequantized values, which both the runner and the oracle built here run
+    weights = deployment_weights(load_checkpoint(ws.model_dir), plan.weight_format())
+    out["weights"] = {
+        "plan": asdict(plan.weight_format()) | {"bf16_tensors": list(plan.weight_format().bf16_tensors)},
+        "recorded": ws.extra.get(WEIGHTS_KEY),
+        "packed_sha256": packed_digest(weights),
+        "stored_tensors_used": int(getattr(weights, "used_stored", 0)),
+    }
     try:
         tok = Tokenizer.from_dir(ws.model_dir)
     except Exception:
@@ -284,6 +294,8 @@ def judge(measured: dict[str, Any], journal: Journal, spec) -> tuple[list[Check]
 
     checks: list[Check] = []
     claims: dict[str, Any] = {}
+
+    checks.append(weights_check(measured["weights"], journal))
 
     # production audit
     oc = measured["oracle_calls_in_production"]
@@ -497,6 +509,38 @@ def judge(measured: dict[str, Any], journal: Journal, spec) -> tuple[list[Check]
     return checks, claims
 
 
+def weights_check(w: dict[str, Any], journal: Journal) -> Check:
+    """The recorded weight format against the plan and the files: the format deployment.json records, the one its
+    plan deploys, the blocks the files supply as stored, and the packed bytes phase 0 fingerprinted."""
+    plan, rec = w["plan"], w.get("recorded")
+    keys = ("format", "block", "bf16_tensors")
+    if rec is None and plan["format"] == "bf16":
+        return Check("weight-format", "pass", "bf16 weights (no packed format recorded or deployed)")
+    if rec is None or any(rec.get(k) != plan[k] for k in keys):
+        return Check(
+            "weight-format",
+            "fail",
+            f"deployment.json records {describe(rec)} weights but its plan deploys {plan['format']} (block "
+            f"{plan['block']}, bf16 {plan['bf16_tensors']}): the deployment does not match its files",
+        )
+    if plan["format"] != "bf16" and w["stored_tensors_used"] != rec.get("stored_tensors", 0):
+        return Check(
+            "weight-format",
+            "fail",
+            f"the deployment records {rec.get('stored_tensors', 0)} projections taken as stored from the GGUF's blocks "
+            f"but the files supply {w['stored_tensors_used']}: the weights are not the ones recorded",
+        )
+    claimed = ((journal.read_gate("build-cpu-oracle") or {}).get("evidence") or {}).get("weights") or {}
+    if claimed.get("packed_sha256") != w["packed_sha256"]:
+        return Check(
+            "weight-format",
+            "fail",
+            f"the packed weights re-made from the files (digest {str(w['packed_sha256'])[:12]}) differ from the ones "
+            f"phase 0 validated ({str(claimed.get('packed_sha256'))[:12]})",
+        )
+    return Check("weight-format", "pass", f"{describe(rec)}: plan, record and packed bytes agree")
+
+
 def _renamed(report, name: str):
     """The report under the canonical gate's name (phases prefix names differently; thresholds are what count)."""
     report.name = name
@@ -564,6 +608,8 @@ def render(ev: Evaluation) -> str:
         f"- teacher-forced KL ({T.KL_STEPS} steps, {ev.measured.get('kl_text')}): mean "
         f"{g.get(T.KL_MEAN, float('nan')):.4g}, p90 {g.get(T.KL_P90, float('nan')):.4g}, max "
         f"{g.get(T.KL_MAX, float('nan')):.4g}",
+        f"- weights: {describe((ev.measured.get('weights') or {}).get('recorded'))}; the gates compare with the "
+        "oracle of these (dequantized) weights",
         f"- journal files read before measuring: {ev.journal_reads_before_measuring or 'none'}",
         "",
         "| check | result | detail |",

@@ -20,6 +20,9 @@ from tilepilot.skills.base import PhaseSkill, SkillResult
 from tilepilot.skills.classify import Diagnosis, classify
 from tilepilot.skills.context import DeployContext, Failure, Settings
 from tilepilot.skills.journal import PhaseRow
+from tilepilot.skills.phases.finalize import QUALITY_KEY, FinalizeAndLearn
+
+FINALIZE = FinalizeAndLearn.name
 
 # Repairs tried on one phase before it is handed to a person; each repair must be a different signature
 # or make progress, so more attempts would only repeat themselves.
@@ -47,6 +50,8 @@ class DeploySummary:
     phases: list[PhaseOutcome]
     performance: dict[str, Any] = field(default_factory=dict)
     review: str | None = None
+    # quantization error vs the bf16 original (finalize-and-learn's reported measure; empty for bf16 deployments)
+    quantization_error: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -60,6 +65,7 @@ class DeploySummary:
             "phases": [asdict(p) for p in self.phases],
             "performance": self.performance,
             "review": self.review,
+            "quantization_error": self.quantization_error,
         }
 
 
@@ -226,6 +232,7 @@ class Orchestrator:
             phases=outcomes,
             performance=self.ctx.performance_summary() if verdict in PASS_VERDICTS else {},
             review=review,
+            quantization_error=((j.read_gate(FINALIZE) or {}).get("evidence") or {}).get(QUALITY_KEY) or {},
         )
         j.progress(f"deployment finished: {verdict}")
         return summary

@@ -15,8 +15,10 @@ from typing import Any
 from tilepilot.errors import TokenizerError
 from tilepilot.harness.model_gate import OracleReference, oracle_reference
 from tilepilot.model.checkpoint import Checkpoint, load_checkpoint
+from tilepilot.model.quant import WeightFormat, deployment_weights
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.tokenizer import Tokenizer
+from tilepilot.model.weights import WeightSource
 from tilepilot.oracle.model import Oracle
 
 # (prefix ids, n greedy tokens) -> a guess of the oracle's greedy continuation (a wrong guess only costs time)
@@ -24,25 +26,49 @@ Draft = Callable[[list[int], int], list[int]]
 
 
 class ModelReference:
-    """The checkpoint of ``model_dir``, its FP32 oracle and tokenizer, and the oracle's cached gate answers."""
+    """The model deployed from ``model_dir`` in ``fmt``, its FP32 oracle and tokenizer, and the oracle's cached gate
+    answers.
 
-    def __init__(self, model_dir: Path, greedy_steps: int, draft: Draft | None = None):
+    ``weights`` and ``oracle`` are the *deployed* model: for a block format the dequantized weights the NPU
+    multiplies, so every gate compares the NPU with exactly the model being deployed. ``checkpoint`` and
+    ``source_oracle`` are the bf16 original (phase 0 checks the oracle's code against transformers on it, and the
+    quantization-error report compares the deployment with it); for bf16 the two are the same objects.
+    """
+
+    def __init__(self, model_dir: Path, fmt: WeightFormat, greedy_steps: int, draft: Draft | None = None):
         self.model_dir = Path(model_dir)
+        self.format = fmt
         self.greedy_steps = greedy_steps
         self.draft = draft
         self.cache: dict[tuple, Any] = {}
 
     @cached_property
-    def weights(self) -> Checkpoint:
+    def checkpoint(self) -> Checkpoint:
         return load_checkpoint(self.model_dir)
+
+    @cached_property
+    def weights(self) -> WeightSource:
+        """The deployed weights (packed once per run: every runner of the deployment's format shares them)."""
+        return deployment_weights(self.checkpoint, self.format)
+
+    def weights_for(self, fmt: WeightFormat) -> WeightSource:
+        """The weights a plan of format ``fmt`` runs over (the deployed ones when it is the deployment's)."""
+        if fmt == self.format:
+            return self.weights
+        return deployment_weights(self.checkpoint, fmt)
 
     @property
     def spec(self) -> ModelSpec:
-        return self.weights.spec
+        return self.checkpoint.spec
 
     @cached_property
     def oracle(self) -> Oracle:
         return Oracle(self.weights)
+
+    @cached_property
+    def source_oracle(self) -> Oracle:
+        """The FP32 oracle of the bf16 checkpoint (the deployed oracle itself when nothing is packed)."""
+        return self.oracle if not self.format.quantized else Oracle(self.checkpoint)
 
     @cached_property
     def tokenizer(self) -> Tokenizer | None:

@@ -10,12 +10,14 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
+from tilepilot.model.quant import WeightFormat
 from tilepilot.model.weights import WeightSource
 from tilepilot.plan.builtin import default_plan, iron_like_plan, paper_like_plan
-from tilepilot.plan.plan import DeploymentPlan
+from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import PlanTiming, time_plan
+from tilepilot.skills.weights import WEIGHTS_KEY, describe
 from tilepilot.skills.workspace import DeployWorkspace, plan_digest
 
 
@@ -44,9 +46,11 @@ def perf_figures(plan: DeploymentPlan, timing: PlanTiming) -> dict[str, Any]:
 class RunnerFactory:
     """Production runners over the workspace's checkpoint and the modeled timing of any plan of it."""
 
-    def __init__(self, workspace: DeployWorkspace, weights: Callable[[], WeightSource], timing_prompt_len: int):
+    def __init__(
+        self, workspace: DeployWorkspace, weights: Callable[[WeightFormat], WeightSource], timing_prompt_len: int
+    ):
         self.workspace = workspace
-        self._weights = weights  # the checkpoint, opened by whoever owns it (the model reference) on first use
+        self._weights = weights  # the weights of a plan's format, owned (and opened on first use) by the reference
         self.timing_prompt_len = timing_prompt_len
         self._timing_cache: dict[tuple[str, int], PlanTiming] = {}
         self.tuning_stats: dict[str, dict[str, int]] = {}  # per stage: registry lookups vs configs searched
@@ -64,10 +68,11 @@ class RunnerFactory:
 
     def make_runner(self, plan: DeploymentPlan | None = None, trace=None, **options) -> NpuRunner:
         """The production runner for ``plan`` (default: the deployed one) with the workspace's runtime options."""
+        plan = plan or self.workspace.plan
         return NpuRunner.open(
             self.workspace.load(),
-            plan=plan or self.workspace.plan,
-            weights=self._weights(),
+            plan=plan,
+            weights=self._weights(plan.weight_format()),
             trace=trace,
             library=self.library,
             **options,
@@ -90,10 +95,17 @@ class RunnerFactory:
 
     def performance_summary(self) -> dict[str, Any]:
         """Modeled TTFT / decode before (default plan) and after (deployed), with paper-like for scale."""
-        spec = self.workspace.plan.model_spec()
-        out: dict[str, Any] = {"prompt_len": self.timing_prompt_len, "clock": "modeled"}
+        deployed = self.workspace.plan
+        spec, fmt = deployed.model_spec(), deployed.weight_format()
+        out: dict[str, Any] = {
+            "prompt_len": self.timing_prompt_len,
+            "clock": "modeled",
+            "weights": describe(self.workspace.get_extra(WEIGHTS_KEY)),
+        }
+        # "before" is the plan the deployment started from (the default plan in the deployed weight format); the
+        # paper-like and IRON-like plans are those systems' own, in bf16.
         for label, plan in (
-            ("before", default_plan(spec)),
+            ("before", with_weights(default_plan(spec), fmt) if fmt.quantized else default_plan(spec)),
             ("after", self.workspace.plan),
             ("paper_like", paper_like_plan(spec)),
             ("iron_like", iron_like_plan(spec)),  # same-model speed-ups are against both (issue 11 item 8)

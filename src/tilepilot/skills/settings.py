@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilepilot.model.quant import WeightFormat
+
 # Figures every deployment is timed at: the paper's and IRON's published TTFT are at 2048 tokens
 # (reference/xdna2.md, "Published LLM results"), and decode is timed at the same context.
 TIMING_PROMPT_LEN = 2048
@@ -40,3 +42,6 @@ class Settings:
     # call, ~16 s for a 49k x 2k LM head on 2 cores, which makes every later gate and `generate` on the host
     # impractically slow even when the modeled NPU time is lower. The NPU result is unaffected by this choice.
     try_bfp16: bool = False
+    # The weight format to deploy (model/quant.WeightFormat); None: bf16 for a new workspace, the recorded format
+    # when resuming one. ``deployment.json`` records it under "weights" (skills/weights.py).
+    weights: WeightFormat | None = None

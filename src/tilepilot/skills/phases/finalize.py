@@ -19,6 +19,8 @@ from tilepilot.gates import metrics as M
 from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.harness.model_gate import gate_prompts
 from tilepilot.harness.probes import probe_plan
+from tilepilot.harness.quant_quality import quantization_quality
+from tilepilot.harness.quant_quality import render as render_quality
 from tilepilot.kernels.bind import family_module, make_config
 from tilepilot.kernels.registry import RegistryRow
 from tilepilot.kernels.tuning import modeled_seconds, timing_key
@@ -31,6 +33,8 @@ from tilepilot.skills.phases.kernels import probe_evidence
 from tilepilot.skills.runners import perf_figures
 
 SRC_GEN = "DESIGN.md section 6 phase 6: generate works (greedy tokens equal the oracle's under the token-set rule)"
+QUALITY_KEY = "quantization_error"  # evidence key of the reported measure (the deploy summary reads it)
+QUALITY_FILE = "quantization_error.md"
 SRC_LEARN = "DESIGN.md section 6 phase 6: registry and LESSONS updated"
 GENERATE_TOKENS = 16  # enough decode steps to exercise the KV cache; the model gate already checked 32
 
@@ -206,8 +210,19 @@ class FinalizeAndLearn(PhaseSkill):
             "written": written,
             "traces": {phase: str(p) for phase, p in traces.items()},
         }
+        files = []
+        if ctx.model.format.quantized:  # reported beside the gate, never part of it (issue 14 item 4)
+            q = quantization_quality(
+                ctx.runners.make_runner(plan), ctx.model.source_oracle, ctx.model.tokenizer, seed=ctx.settings.seed
+            )
+            evidence[QUALITY_KEY] = q
+            lines = render_quality(q)
+            files.append(
+                str(ctx.workspace.write_text(QUALITY_FILE, "# Quantization error\n\n" + "\n".join(lines) + "\n"))
+            )
+            ctx.workspace.journal.progress(" ".join(x.strip() for x in lines))
         summary = (
             f"generated {len(gen.tokens)} tokens ({check.message}); {len(probes) - len(failed)}/{len(probes)} final "
             f"instances valid; {written['registry_rows']} registry rows, {written['lessons']} lessons"
         )
-        return finish(self, ctx, report, evidence, summary)
+        return finish(self, ctx, report, evidence, summary, extra_files=files)

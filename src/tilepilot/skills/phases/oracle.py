@@ -18,13 +18,31 @@ from typing import Any
 from tilepilot.gates import metrics as M
 from tilepilot.gates import thresholds as T
 from tilepilot.gates.gate import Gate, Threshold
-from tilepilot.harness.model_gate import gate_prompts
+from tilepilot.harness.model_gate import gate_prompts, oracle_reference
 from tilepilot.oracle.transformers_reference import load_reference_model, run_reference
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
+from tilepilot.skills.weights import WEIGHTS_KEY, packed_digest
 
 SRC_SELF = "tilepilot: FP32 decode with the KV cache must equal a full FP32 recompute (same arithmetic)"
 KV_SELF_MAX_REL_ERR = 1e-5  # fp32 reassociation only; observed ~1e-7 on test models
+STORED_MISMATCH = "weights.stored_tensors_mismatch"
+SRC_STORED = (
+    "tilepilot: a deployment recorded as using its GGUF's blocks as stored packs every projection from them (issue "
+    "14: no dequantize-requantize round trip)"
+)
+
+
+def _weights_evidence(ctx) -> dict[str, Any]:
+    """The recorded weight format, the fingerprint of every packed projection's bytes and how many came from the
+    GGUF's stored blocks (packing them all here is what the runners of the deployment then share)."""
+    weights = ctx.model.weights
+    digest = packed_digest(weights)
+    return {
+        **(ctx.workspace.get_extra(WEIGHTS_KEY) or {"format": "bf16"}),
+        "packed_sha256": digest,
+        "stored_tensors_used": int(getattr(weights, "used_stored", 0)),
+    }
 
 
 def _hf_reference(ctx, ids: list[int], continuation: list[int], n_layers: int):
@@ -32,7 +50,7 @@ def _hf_reference(ctx, ids: list[int], continuation: list[int], n_layers: int):
     (in the checkpoint's dtype, sharing the checkpoint's mapped tensors, one module in FP32 at a time: neither a
     second copy of the weights nor an FP32 one)."""
 
-    tensors = getattr(ctx.model.weights, "get", None)
+    tensors = getattr(ctx.model.checkpoint, "get", None)
     return run_reference(load_reference_model(ctx.workspace.model_dir, tensors), ids, continuation, n_layers)
 
 
@@ -76,6 +94,15 @@ class BuildCpuOracle(PhaseSkill):
         )
         ref = ctx.model.reference(ids, second)
         logits = ref.logits
+        # transformers runs the checkpoint; for packed weights the oracle's code is checked on the bf16 original
+        # (same code, the weights the checkpoint holds), and the deployed model's reference above is what phases
+        # 3-5 compare with.
+        fmt = ctx.model.format
+        src = (
+            ref
+            if not fmt.quantized
+            else oracle_reference(ctx.model.source_oracle, ids, second, ctx.settings.greedy_steps)
+        )
         # KV-cache self-consistency: prefill all but the last token, decode the last one.
         ctx.model.oracle.prefill(ids[:-1])
         last = ctx.model.oracle.decode(ids[-1]).logits[0]
@@ -85,28 +112,35 @@ class BuildCpuOracle(PhaseSkill):
             "kv_decode.max_rel_err": kv_rel,
         }
         evidence: dict[str, Any] = {"prompt_ids": ids, "checkpoint_sha256": digest}
+        weights = _weights_evidence(ctx)
+        evidence["weights"] = weights
+        m[STORED_MISMATCH] = float(abs(weights["stored_tensors_used"] - weights.get("stored_tensors", 0)))
         have_hf = importlib.util.find_spec("transformers") is not None
         if have_hf:
             ctx.workspace.journal.progress(
                 "transformers reference: one FP32 pass over the prompt and the oracle's greedy"
             )
-            hf = _hf_reference(ctx, ids, ref.greedy_tokens, spec.n_layers)
-            layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, ref.layers, strict=True)]
+            hf = _hf_reference(ctx, ids, src.greedy_tokens, spec.n_layers)
+            layer_cos = [M.cosine(h, mine) for h, mine in zip(hf.hidden, src.layers, strict=True)]
             # The last HF hidden state is taken after the final norm; compare only the layers before it.
-            layer_cos = layer_cos[:-1] or [M.cosine(logits, hf.logits)]
+            layer_cos = layer_cos[:-1] or [M.cosine(src.logits, hf.logits)]
             m.update(
                 {
-                    T.LOGITS_MAX_REL_ERR: M.max_rel_err(hf.logits, logits),
-                    T.LOGITS_TOP1: M.top1_agreement(hf.logits, logits),
-                    T.LOGITS_COSINE: M.cosine(hf.logits, logits),
+                    T.LOGITS_MAX_REL_ERR: M.max_rel_err(hf.logits, src.logits),
+                    T.LOGITS_TOP1: M.top1_agreement(hf.logits, src.logits),
+                    T.LOGITS_COSINE: M.cosine(hf.logits, src.logits),
                     T.LAYERS_MIN_COSINE: min(layer_cos),
-                    T.GREEDY_IDENTICAL: float(hf.choices == ref.greedy_tokens),
+                    T.GREEDY_IDENTICAL: float(hf.choices == src.greedy_tokens),
                 }
             )
-            evidence.update(reference="transformers", layer_cosine=layer_cos, greedy=ref.greedy_tokens)
+            evidence.update(reference="transformers", layer_cosine=layer_cos, greedy=src.greedy_tokens)
             gate = Gate(
                 T.phase0_gate().name,
-                [*T.phase0_gate().thresholds, Threshold("kv_decode.max_rel_err", "<=", KV_SELF_MAX_REL_ERR, SRC_SELF)],
+                [
+                    *T.phase0_gate().thresholds,
+                    Threshold("kv_decode.max_rel_err", "<=", KV_SELF_MAX_REL_ERR, SRC_SELF),
+                    Threshold(STORED_MISMATCH, "<=", 0, SRC_STORED),
+                ],
             )
             what = "oracle matches transformers FP32"
         else:
@@ -116,6 +150,7 @@ class BuildCpuOracle(PhaseSkill):
                 [
                     Threshold("kv_decode.max_rel_err", "<=", KV_SELF_MAX_REL_ERR, SRC_SELF),
                     Threshold(T.NONFINITE, "<=", 0, T.SRC_FINITE),
+                    Threshold(STORED_MISMATCH, "<=", 0, SRC_STORED),
                 ],
             )
             what = "oracle self-consistent (transformers not installed: not cross-checked)"
