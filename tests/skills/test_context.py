@@ -6,6 +6,7 @@ import pytest
 
 from tilepilot.model.quant import QuantizedWeights, WeightFormat
 from tilepilot.plan.plan import with_weights
+from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.skills.context import FLAT_NAMES, DeployContext, Settings
 from tilepilot.skills.knowledge import Knowledge
 from tilepilot.skills.reference import ModelReference
@@ -26,6 +27,9 @@ def test_parts_are_built_on_first_use_and_flat_names_reach_them(fresh_ctx):
     assert ctx.oracle is ctx.model.oracle and ctx.library is ctx.runners.library
     with pytest.raises(AttributeError):
         ctx.no_such_thing  # noqa: B018
+    mine = KernelLibrary()
+    ctx.library = mine  # a flat name set on the context lands on the part that holds it
+    assert ctx.runners.library is mine and "library" not in vars(ctx)
 
 
 def test_a_quantized_context_gates_against_the_deployed_model(tiny_model, tmp_path):

@@ -120,6 +120,14 @@ class DeployContext:
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
         return getattr(getattr(self, part), name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A flat name set on the context (e.g. a test's own kernel library) is set on the part that holds it."""
+        part = FLAT_NAMES.get(name)
+        if part is None or part not in self.__dict__ and part != "model":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(getattr(self, part), name, value)
+
     @property
     def _reference_cache(self) -> dict:
         """The oracle's cached answers (harness/model_gate keeps its teacher-forced logits beside the gate's)."""
