@@ -22,6 +22,7 @@ from tilepilot.kernels import rope
 from tilepilot.kernels.bind import binding, family_module
 from tilepilot.model.graph import LAYER_INPUT, block_graph
 from tilepilot.oracle.capture import all_capture_names, capture_name
+from tilepilot.skills.classify import GOOD_COSINE
 
 # Graph values the oracle captures under another name (the rest share theirs: attn_norm, resid1, ffn_norm).
 _POINT_OF = {
@@ -52,14 +53,11 @@ class ActivationProbe:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.nonfinite == 0 and (self.cosine is None or self.cosine >= GOOD)
+        return self.error is None and self.nonfinite == 0 and (self.cosine is None or self.cosine >= GOOD_COSINE)
 
     def label(self) -> str:
         where = "head" if self.layer is None else f"layer {self.layer}"
         return f"{self.call.label()} at {where}"
-
-
-GOOD = 0.99  # the phase-2 block bound (classify.GOOD_COSINE): a call below it on real inputs is wrong
 
 
 @dataclass
