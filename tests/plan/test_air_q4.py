@@ -20,6 +20,9 @@ from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 
 
+TIMED = ("llama-3.2-1b", "smollm2-1.7b", "qwen2.5-0.5b", "qwen3-0.6b")
+
+
 @pytest.mark.parametrize("name", zoo_names())
 def test_air_q4_builds_and_times_for_every_seed_shape(name):
     spec = get_zoo_model(name).spec()
@@ -31,8 +34,9 @@ def test_air_q4_builds_and_times_for_every_seed_shape(name):
     assert {c.family for g in plan.prefill.block for c in g.calls} >= {"gemm"}  # bf16 prefill after dequantization
     qgemv = [c.config for g in plan.decode.block for c in g.calls if c.family == "qgemv"]
     assert qgemv and all(c["fmt"] == "q4_1" for c in qgemv)
-    t = time_plan(plan, spec, prompt_len=256)
-    assert t.dispatches["decode"] == 1 and t.decode_tok_s > 0 and t.ttft_s > 0
+    if name in TIMED:  # one shape per family is timed (benchmarks/quantized.py times all of them)
+        t = time_plan(plan, spec, prompt_len=256)
+        assert t.dispatches["decode"] == 1 and t.decode_tok_s > 0 and t.ttft_s > 0
 
 
 def test_the_variants_air_measured_are_plans_of_their_own():
