@@ -19,7 +19,6 @@ from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 
-
 TIMED = ("llama-3.2-1b", "smollm2-1.7b", "qwen2.5-0.5b", "qwen3-0.6b")
 
 
