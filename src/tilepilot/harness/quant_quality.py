@@ -6,7 +6,9 @@ here on the shipped real text (``harness/prompts.py`` ``KL_TEXTS``, or seeded to
 tokenizer): teacher-forced KL(original || deployment) per next-token distribution, top-1 agreement, both
 perplexities of the text, and the first step at which the two greedy continuations of the text's opening differ.
 The deployment side is the production runner (what a user gets); the original is the FP32 oracle on the bf16
-checkpoint. Figures are measured on the host (CPU arithmetic), not modeled NPU times.
+checkpoint, so the figures hold the quantization error plus the NPU's bf16 arithmetic (a GGUF's own format deployed
+as stored is its imported checkpoint: there only the arithmetic remains). Figures are measured on the host (CPU
+arithmetic), not modeled NPU times.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from tilepilot.harness.prompts import KL_TEXTS, kl_text_ids
 QUALITY_TOKENS = 96  # tokens of shipped text scored (every position teacher-forced: one prefill per side)
 GREEDY_PROMPT = 16  # tokens of the text's opening both sides continue greedily
 GREEDY_STEPS = 32
-LABEL = "quantization error vs the bf16 original (FP32 oracle of the checkpoint; measured, not a gate)"
+LABEL = (
+    "quantized deployment vs the bf16 original (FP32 oracle of the checkpoint): quantization plus the NPU's bf16 "
+    "arithmetic; measured on the host, not a gate"
+)
 
 
 def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
