@@ -7,12 +7,12 @@ import json
 import pytest
 
 from tilepilot.errors import InputError, WorkspaceError
-from tilepilot.npu.trace import Trace, TraceEvent
+from tilepilot.npu.trace import KINDS, Trace, TraceEvent, on_modeled_timeline
 
 
 def _sample_trace() -> Trace:
     t = Trace()
-    t.add("host", "sync inputs", 0.0002, group="host_sync", stage="prefill", bytes=4096)
+    t.add("cpu", "sync inputs", 0.0002, group="host_sync", stage="prefill", bytes=4096)
     d = t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=0, stage="prefill", macs=10**9)
     t.record(TraceEvent("dma A", "dma", d.start_s, d.start_s + 0.001, "modeled", group="rms_gemms_rope", bytes=1 << 20))
     t.add("dispatch", "rms_gemms_rope", 0.0073, group="rms_gemms_rope", layer=1, stage="prefill", macs=10**9)
@@ -27,7 +27,20 @@ def test_add_places_events_back_to_back_and_defaults_clock_by_kind():
     for a, b in zip(top, top[1:], strict=False):
         assert b.start_s == pytest.approx(a.end_s)
     assert all(e.clock == "modeled" for e in t.events if e.kind in ("dispatch", "dma", "sync"))
-    assert all(e.clock == "measured" for e in t.events if e.kind in ("host", "cpu"))
+    assert all(e.clock == "measured" for e in t.events if e.kind == "cpu")  # unless a CPU group says modeled
+
+
+def test_cpu_work_has_one_kind_and_only_the_modeled_cpu_groups_enter_modeled_figures():
+    t = Trace()
+    t.add("cpu", "embed", 0.004, stage="decode")  # a CPU step outside the plan: measured
+    t.add("dispatch", "block", 0.002, group="block", layer=0, stage="decode")
+    t.add("cpu", "attention", 0.0005, clock="modeled", measured_s=0.0009, group="attention", layer=0, stage="decode")
+    assert "host" not in KINDS and "cpu" in KINDS
+    assert sum(e.duration_s for e in t.events if on_modeled_timeline(e)) == pytest.approx(0.0025)
+    lanes = {(e["cat"], e["tid"]) for e in t.to_chrome_dict()["traceEvents"] if e.get("ph") == "X"}
+    assert len({tid for cat, tid in lanes if cat == "cpu"}) == 2  # measured steps and modeled groups: two lanes
+    with pytest.raises(InputError):
+        t.add("host", "old kind", 0.001)
 
 
 def test_dma_inside_a_dispatch_is_not_counted_twice():
@@ -62,7 +75,7 @@ def test_chrome_file_is_valid_trace_json(tmp_path):
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
         assert e["args"]["clock"] in ("modeled", "measured")
     # NPU and host live in different process lanes
-    assert {e["pid"] for e in xs if e["cat"] == "dispatch"} != {e["pid"] for e in xs if e["cat"] == "host"}
+    assert {e["pid"] for e in xs if e["cat"] == "dispatch"} != {e["pid"] for e in xs if e["cat"] == "cpu"}
     names = {e["args"]["name"] for e in data["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
     assert any("modeled" in n for n in names) and any("measured" in n for n in names)
     # microseconds in the file
@@ -102,7 +115,7 @@ def test_add_dispatch_lays_out_launches_inside_the_dispatch():
     designs[1].name = "second"
     g = time_group(designs)
     t = Trace()
-    t.add("host", "prep", 0.001)
+    t.add("cpu", "prep", 0.001)
     d = t.add_dispatch(g, group="resid", layer=3, stage="decode")
     assert d.duration_s == pytest.approx(g.seconds) and d.start_s == pytest.approx(0.001)
     launches = [e for e in t.events if e.kind == "launch"]

@@ -24,7 +24,7 @@ def _tracks_are_laid_out(doc: dict, memory_tiles: bool = True) -> None:
     if memory_tiles:
         assert any(n.startswith("memory tile ") for n in names), names
     assert any(n.startswith("shim ") and " mm2s " in n for n in names), names
-    assert {"host ops (measured)", "buffer sync (modeled)", "dispatches (modeled)"} <= names
+    assert {"cpu steps outside the plan (measured)", "buffer sync (modeled)", "dispatches (modeled)"} <= names
     procs = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
     assert all("modeled" in p or "measured" in p for p in procs), procs
     placed = [e for e in doc["traceEvents"] if e.get("cat") == "placement"]

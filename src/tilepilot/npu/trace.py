@@ -31,7 +31,9 @@ from tilepilot.errors import InputError, WorkspaceError
 from tilepilot.files import write_text_atomic
 from tilepilot.npu.design import Design, MultiLaunchGroup, nbytes
 
-KINDS = ("dispatch", "launch", "dma", "sync", "host", "cpu")
+# "cpu": work on the host's CPU. A CPU group of a plan has a modeled cost (clock "modeled", its wall clock beside as
+# measured_s); a CPU step outside the plan (embedding lookup, RoPE tables) is measured (clock "measured").
+KINDS = ("dispatch", "launch", "dma", "sync", "cpu")
 # Kinds whose duration comes from the timing model unless the caller says otherwise.
 MODELED_KINDS = ("dispatch", "launch", "dma", "sync")
 CLOCKS = ("modeled", "measured")
@@ -39,7 +41,7 @@ STAGES = ("prefill", "decode")
 
 # Kinds that occupy the timeline on their own. Launches and DMAs happen *inside* a dispatch, so counting
 # them in totals would count the same modeled time twice.
-TOP_LEVEL_KINDS = ("dispatch", "sync", "host", "cpu")
+TOP_LEVEL_KINDS = ("dispatch", "sync", "cpu")
 
 # Chrome "process" / "thread" lanes. The NPU is four processes: its dispatch overview (dispatches, launches,
 # DDR traffic as the run recorded them), the compute columns, the memory tiles and the shim DMA channels, each
@@ -50,15 +52,15 @@ _LANES = {
     "launch": ("npu", 2, "launches (modeled)"),
     "dma": ("npu", 3, "DDR traffic per launch (modeled)"),
     "sync": ("host", 1, "buffer sync (modeled)"),
-    "host": ("host", 2, "host ops (measured)"),
     "cpu": ("host", 3, "cpu groups (modeled; wall clock beside)"),
 }
+_CPU_STEP_LANE = ("host", 2, "cpu steps outside the plan (measured)")  # cpu events on the measured clock
 _PROCESS_NAMES = {
     "npu": "NPU dispatches (modeled time)",
     "columns": "NPU compute columns (modeled time)",
     "mem": "NPU memory tiles (modeled time)",
     "shim": "NPU shim DMA channels (modeled time)",
-    "host": "Host (syncs and CPU groups modeled, host ops measured)",
+    "host": "Host (syncs and CPU groups modeled, other CPU steps measured)",
 }
 DISPATCH_PARTS_KEPT = 4096  # distinct dispatch timings whose launch list add_dispatch keeps ready
 UNPLACED = -1  # column of workers / links / shim fifos a design leaves unplaced
@@ -109,6 +111,12 @@ class TraceEvent:
     def label(self) -> str:
         """The kernel group the event is summarised under (its own name when it belongs to none)."""
         return self.group or self.name
+
+
+def on_modeled_timeline(e: TraceEvent) -> bool:
+    """A top-level event whose duration is modeled: what a modeled TTFT or decode step sums. CPU steps outside the
+    plan (measured) share the timeline but never enter a modeled figure."""
+    return e.kind in TOP_LEVEL_KINDS and e.clock == "modeled"
 
 
 @dataclass(frozen=True)
@@ -368,9 +376,11 @@ class Trace:
         layouts = layouts or {}
         placed: dict[str, LaunchLayout | None] = {}
         events: list[dict] = []
-        threads: dict[tuple[str, int], str] = {(proc, tid): lane for proc, tid, lane in _LANES.values()}
+        threads: dict[tuple[str, int], str] = {
+            (proc, tid): lane for proc, tid, lane in (*_LANES.values(), _CPU_STEP_LANE)
+        }
         for i, e in enumerate(self.events):
-            proc, tid, _ = _LANES[e.kind]
+            proc, tid, _ = _CPU_STEP_LANE if e.kind == "cpu" and e.clock == "measured" else _LANES[e.kind]
             args = {k: v for k, v in asdict(e).items() if k not in ("name", "kind", "start_s", "end_s", "recorded_s")}
             if args.get("measured_s") is None:
                 args.pop("measured_s", None)

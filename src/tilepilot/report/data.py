@@ -25,7 +25,7 @@ from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.device import npu2
 from tilepilot.npu.trace import Trace
 from tilepilot.plan.builtin import builtin_plan
-from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+from tilepilot.runtime.dispatcher import CpuOpTimer, KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import MetaWeights, time_plan
 from tilepilot.runtime.workspace import load_workspace
@@ -184,7 +184,7 @@ def plan_timings(ws: Any, prompt_len: int, cpu: str = "measured") -> tuple[Secti
     layers = Section("layers", "Per-layer modeled time by kernel group")
     roof = Section("roofline", "Roofline of the deployed plan's kernel instances")
     device = npu2()
-    timer = HostOpTimer(cpu, CALIBRATION)  # one timer: a CPU group of the same shape costs the same in each plan
+    timer = CpuOpTimer(cpu, CALIBRATION)  # one timer: a CPU group of the same shape costs the same in each plan
     plans = []
     deployed_lib = None
     for label, plan in _plans(ws):
@@ -208,6 +208,10 @@ def plan_timings(ws: Any, prompt_len: int, cpu: str = "measured") -> tuple[Secti
                         "dispatch_ms": g.dispatch_per_call_s * 1e3,
                         "sync_ms": (g.sync_s / g.calls * 1e3) if g.calls else 0.0,
                         "cpu_ms": (g.cpu_s / g.calls * 1e3) if g.calls else 0.0,
+                        # the CPU group's wall clock on this machine (--cpu measured), beside the modeled cost
+                        "cpu_measured_ms": (g.cpu_measured_s / g.calls * 1e3)
+                        if g.calls and g.cpu_measured_s is not None
+                        else None,
                     }
                     for g in groups
                     if g.part == "block"

@@ -23,7 +23,8 @@ CAPTIONS = {
     "layers": (
         "Modeled time of one transformer layer per kernel group (dispatch), for the deployed plan and the built-in "
         "paper-like and iron-like plans of the same model, all timed now by the same timing model. CPU groups "
-        "(hatched) take their CPU time {cpu}. The head (final norm + LM head) is listed in the table, not drawn."
+        "(hatched) take their modeled host cost (bytes and FLOPs at the calibration's host rates){cpu}. The head "
+        "(final norm + LM head) is listed in the table, not drawn."
     ),
     "roofline": (
         "Every distinct kernel instance (launch) of the deployed plan at the modeled prompt length and context, "
@@ -98,13 +99,14 @@ this machine); host times and gate numerics are <strong>measured</strong>.</p>
 <details><summary>Every kernel group, per plan and stage (modeled ms per layer)</summary>
 <table>
 <tr><th>plan</th><th>stage</th><th>kernel group</th><th>where</th><th>ms / layer (modeled)</th><th>dispatch</th>
-<th>syncs</th><th>cpu</th></tr>
+<th>syncs</th><th>cpu (modeled)</th><th>cpu measured</th></tr>
 {% for p in s.data.plans if p.stages %}{% for stage, st in p.stages.items() %}{% for g in st.block %}
 <tr><td>{{ p.label }}</td><td>{{ stage }}</td><td>{{ g.name }}</td><td>{{ g.where }}</td>
 <td>{{ "%.3f"|format(g.per_layer_ms) }}</td><td>{{ "%.3f"|format(g.dispatch_ms) }}</td>
-<td>{{ "%.3f"|format(g.sync_ms) }}</td><td>{{ "%.3f"|format(g.cpu_ms) }}</td></tr>
+<td>{{ "%.3f"|format(g.sync_ms) }}</td><td>{{ "%.3f"|format(g.cpu_ms) }}</td>
+<td>{{ "%.3f"|format(g.cpu_measured_ms) if g.cpu_measured_ms is not none else "" }}</td></tr>
 {% endfor %}<tr><td>{{ p.label }}</td><td>{{ stage }}</td><td>head + host io (whole pass)</td><td></td>
-<td>{{ "%.3f"|format(st.head_ms) }}</td><td></td><td></td><td></td></tr>{% endfor %}{% endfor %}
+<td>{{ "%.3f"|format(st.head_ms) }}</td><td></td><td></td><td></td><td></td></tr>{% endfor %}{% endfor %}
 </table>
 </details>
 {% endif %}
@@ -130,11 +132,18 @@ CLOCKS = {
 def captions(d: ReportData) -> dict[str, str]:
     out = dict(CAPTIONS)
     if d.section("layers").ok:
-        clocks = {p.get("cpu_clock") for p in d.section("layers").data["plans"] if "cpu_clock" in p}
+        plans = d.section("layers").data["plans"]
+        measured = any(
+            g.get("cpu_measured_ms") is not None
+            for p in plans
+            for st in (p.get("stages") or {}).values()
+            for g in st["block"]
+        )
         out["layers"] = out["layers"].format(
-            cpu="measured on this machine at those shapes"
-            if clocks == {"measured"}
-            else "estimated from bytes (modeled)"
+            cpu="; their wall clock measured on this machine at those shapes is in the table's 'cpu measured' "
+            "column, beside the modeled time, never in it"
+            if measured
+            else ""
         )
     if d.section("roofline").ok:
         pts = d.section("roofline").data["points"]

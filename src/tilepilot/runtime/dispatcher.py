@@ -1,11 +1,11 @@
 """Executes a plan's kernel groups for one layer (or the head): NPU groups as dispatches, CPU groups on host.
 
 One executor, two modes. In a *functional* run every NPU call runs its design's fast path on real
-bf16 tensors and every CPU call runs the host op (its cost on the timeline is modeled, its wall clock is recorded
+bf16 tensors and every CPU call runs its cpu op (its cost on the timeline is modeled, its wall clock is recorded
 beside it as ``measured_s``). In a *dry* run (``dry=True``,
 what ``time_plan`` uses) the same code walks the same groups, builds and times the same designs and
 moves the same (meta) buffers through the same pool, but computes nothing: NPU time comes from the
-timing model and CPU cost from ``HostOpTimer`` (modeled; optionally measured beside). So the modeled
+timing model and CPU cost from ``CpuOpTimer`` (modeled; optionally measured beside). So the modeled
 figures of a plan and of a real run come from one piece of logic and cannot drift apart.
 
 Every dispatch, buffer sync and CPU step is recorded in the trace with its group, layer and stage.
@@ -31,7 +31,7 @@ from tilepilot.npu.timing import GroupTiming, HostCost, time_group
 from tilepilot.npu.trace import Trace
 from tilepilot.npu.validate import DesignError, check_dispatch, validate, validate_group
 from tilepilot.plan.plan import HostPolicy, KernelGroup
-from tilepilot.runtime import host_ops
+from tilepilot.runtime import cpu_ops
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer, SyncCostModel, SyncEvent
 from tilepilot.runtime.threads import step_threads
 
@@ -54,7 +54,7 @@ def _key(x: Any) -> Any:
 
 
 def cpu_flops(kind: str, rows: int, context: int, io_width: int, weight_elems: int, spec: ModelSpec) -> int:
-    """Arithmetic of one host op (multiply and add counted apart): matrix products by their shapes, elementwise
+    """Arithmetic of one cpu op (multiply and add counted apart): matrix products by their shapes, elementwise
     ops by a few operations per element of their inputs and output (they are bytes-bound on the host anyway)."""
     if kind in ("linear", "lm_head"):
         return 2 * rows * weight_elems
@@ -159,7 +159,7 @@ class KernelLibrary:
         return self._groups[gkey]
 
 
-class HostOpTimer:
+class CpuOpTimer:
     """Host cost of a CPU group in dry runs: always *modeled* (``HostCost.cpu_model_s``, a roofline of the group's
     bytes and FLOPs at the calibration's host rates), so a modeled total depends on the plan, the code and the
     constants only, never on this machine's load. With ``mode="measured"`` the group is also run once per shape
@@ -170,7 +170,7 @@ class HostOpTimer:
 
     def __init__(self, mode: str = "modeled", cal: Calibration = CALIBRATION, repeats: int = 3):
         if mode not in self.MODES:
-            raise ValueError(f"HostOpTimer mode must be one of {self.MODES}, got {mode!r}")
+            raise ValueError(f"CpuOpTimer mode must be one of {self.MODES}, got {mode!r}")
         self.mode = mode
         self.cal = cal
         self.repeats = repeats
@@ -253,7 +253,7 @@ class Dispatcher:
         pool: BufferPool,
         trace: Trace,
         library: KernelLibrary,
-        timer: HostOpTimer | None = None,
+        timer: CpuOpTimer | None = None,
     ):
         self.spec = spec
         self.graph = graph
@@ -261,7 +261,7 @@ class Dispatcher:
         self.pool = pool
         self.trace = trace
         self.library = library
-        self.timer = timer or HostOpTimer()
+        self.timer = timer or CpuOpTimer()
         self.hc = HostCost(library.cal)
         self._ctx: dict[str, Any] = {}
         self._pass_keys: list[Any] | None = None  # launches of a one-dispatch pass, collected until end_pass
@@ -491,7 +491,7 @@ class Dispatcher:
             for node, ins_names, _ in nodes:
                 ins = [local[v] for v in ins_names]
                 w = [weights[n].host for n in node.weights]
-                r = self._host_op(node, ins, w, tab, p, layer, kv)
+                r = self._cpu_op(node, ins, w, tab, p, layer, kv)
                 if r is not None:
                     local[node.output] = r
                     out[node.output] = r
@@ -535,33 +535,33 @@ class Dispatcher:
             buf.write(t)
             env[name] = buf
 
-    def _host_op(self, node: OpNode, ins, w, tab, p: Pass, layer, kv: KVState) -> torch.Tensor | None:
+    def _cpu_op(self, node: OpNode, ins, w, tab, p: Pass, layer, kv: KVState) -> torch.Tensor | None:
         s, k = self.spec, node.kind
         if k == "rmsnorm":
-            return host_ops.rmsnorm(ins[0], w[0], s.rms_eps)
+            return cpu_ops.rmsnorm(ins[0], w[0], s.rms_eps)
         if k == "head_norm":
-            return host_ops.head_norm(ins[0], w[0], s.rms_eps, s.head_dim)
+            return cpu_ops.head_norm(ins[0], w[0], s.rms_eps, s.head_dim)
         if k in ("linear", "lm_head"):
-            return host_ops.linear(ins[0], w[0])
+            return cpu_ops.linear(ins[0], w[0])
         if k == "bias":
-            return host_ops.bias_add(ins[0], w[0])
+            return cpu_ops.bias_add(ins[0], w[0])
         if k == "rope":
-            return host_ops.rope(ins[0], tab["cos"], tab["sin"], s.head_dim)
+            return cpu_ops.rope(ins[0], tab["cos"], tab["sin"], s.head_dim)
         if k == "add":
-            return host_ops.add(ins[0], ins[1])
+            return cpu_ops.add(ins[0], ins[1])
         if k == "swiglu":
-            return host_ops.swiglu(ins[0], ins[1])
+            return cpu_ops.swiglu(ins[0], ins[1])
         if k == "kv_write":
             kv.cache.write(layer, ins[0], ins[1])
             kv.side[layer] = "cpu"
             return None
         if k == "attention":
             keys, vals = kv.cache.keys(layer, p.rows), kv.cache.values(layer, p.rows)
-            return host_ops.attention(ins[0], keys, vals, p.start, s.n_heads, s.n_kv_heads, s.head_dim)
-        raise ValueError(f"no host op for kind {k!r}")
+            return cpu_ops.attention(ins[0], keys, vals, p.start, s.n_heads, s.n_kv_heads, s.head_dim)
+        raise ValueError(f"no cpu op for kind {k!r}")
 
     def _dry_cpu(self, g: KernelGroup, p: Pass) -> None:
-        """Run a CPU group's host ops once on zero tensors of the real shapes (for HostOpTimer)."""
+        """Run a CPU group's cpu ops once on zero tensors of the real shapes (for CpuOpTimer)."""
 
         s = self.spec
         half = s.head_dim // 2
@@ -574,6 +574,6 @@ class Dispatcher:
                 torch.zeros(p.context, 2 * s.kv_dim, dtype=BF16)[-p.rows :].copy_(torch.cat(ins, dim=1))
             elif node.kind == "attention":
                 kz = torch.zeros(p.context, s.kv_dim, dtype=BF16)
-                host_ops.attention(ins[0], kz, kz, p.start, s.n_heads, s.n_kv_heads, s.head_dim)
+                cpu_ops.attention(ins[0], kz, kz, p.start, s.n_heads, s.n_kv_heads, s.head_dim)
             else:
-                self._host_op(node, ins, w, tab, p, None, KVState())
+                self._cpu_op(node, ins, w, tab, p, None, KVState())

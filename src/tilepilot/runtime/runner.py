@@ -3,8 +3,9 @@
 The runner owns the model's weights (bf16, one copy, registered as device buffers), the KV cache and
 the host-side steps (embedding lookup, RoPE tables, sampling). Everything between the embedding and
 the logits goes through the plan's groups via the ``Dispatcher``: NPU groups run their kernels'
-designs (``design.fast``, never the oracle), CPU groups run host ops. Every dispatch, sync and host
-step lands in the ``Trace``: NPU and sync times are modeled, host steps measured.
+designs (``design.fast``, never the oracle), CPU groups run cpu ops. Every dispatch, sync and CPU
+step lands in the ``Trace`` (kind ``cpu`` for CPU work): NPU, sync and CPU-group times are modeled, CPU steps
+outside the plan measured.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.model.weights import WeightSource
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.device import Device, npu2
-from tilepilot.npu.trace import Trace
+from tilepilot.npu.trace import Trace, on_modeled_timeline
 from tilepilot.plan.plan import QUANT_FAMILIES, DeploymentPlan, check_plan
 from tilepilot.runtime.buffers import BufferPool, DeviceBuffer
-from tilepilot.runtime.dispatcher import Dispatcher, HostOpTimer, KernelLibrary, KVState, Pass, sync_costs
+from tilepilot.runtime.dispatcher import CpuOpTimer, Dispatcher, KernelLibrary, KVState, Pass, sync_costs
 from tilepilot.runtime.kv_cache import KVCache
 from tilepilot.runtime.rope_tables import RopeTables
 from tilepilot.runtime.sampling import Sampler, SamplingParams
@@ -97,7 +98,7 @@ class NpuRunner:
         static_buffers: Sequence[str] = (),
         max_context: int | None = None,
         library: KernelLibrary | None = None,
-        timer: HostOpTimer | None = None,
+        timer: CpuOpTimer | None = None,
         dry: bool = False,
     ):
         self.spec: ModelSpec = weights.spec
@@ -110,7 +111,7 @@ class NpuRunner:
         self.pool = BufferPool(plan.host, sync_costs(cal), trust_static=trust_static)
         self.dry = dry
         self.dispatcher = Dispatcher(
-            self.spec, self.graph, plan.host, self.pool, self.trace, self.library, timer or HostOpTimer(cal=cal)
+            self.spec, self.graph, plan.host, self.pool, self.trace, self.library, timer or CpuOpTimer(cal=cal)
         )
         self.static_buffers = tuple(static_buffers)
         self.max_context = min(self.spec.max_positions, max_context or self.spec.max_positions)
@@ -263,7 +264,7 @@ class NpuRunner:
         for name in self.static_buffers:
             if self.pool.get(name) is not None:
                 self.pool.mark_static(name)
-        self.trace.add("host", "embed+rope_tables", time.perf_counter() - t0, stage=stage)
+        self.trace.add("cpu", "embed+rope_tables", time.perf_counter() - t0, stage=stage)  # measured: outside the plan
 
         kv = KVState(cache=self.cache)
         fused = stage_plan.one_dispatch
@@ -369,8 +370,8 @@ def _peek(buf: DeviceBuffer) -> torch.Tensor:
 
 
 def window_s(trace: Trace, mark: int) -> float:
-    """Timeline time of the top-level events since ``mark``: modeled NPU/syncs plus modeled CPU steps."""
-    return sum(e.duration_s for e in trace.events[mark:] if e.kind in ("dispatch", "sync", "cpu"))
+    """Timeline time of the top-level events since ``mark``: modeled NPU/syncs plus the plan's modeled CPU groups."""
+    return sum(e.duration_s for e in trace.events[mark:] if on_modeled_timeline(e))
 
 
 def _window_count(trace: Trace, mark: int) -> int:

@@ -29,12 +29,10 @@ from tilepilot.model.spec import ModelSpec
 from tilepilot.model.weights import LayerWeights
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.device import Device
-from tilepilot.npu.trace import Trace
+from tilepilot.npu.trace import Trace, on_modeled_timeline
 from tilepilot.plan.plan import DeploymentPlan
-from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+from tilepilot.runtime.dispatcher import CpuOpTimer, KernelLibrary
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
-
-_TOP = ("dispatch", "sync", "cpu")
 
 
 class MetaWeights:
@@ -135,7 +133,7 @@ def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
     layout = [("block", g) for g in st.block] + [("head", g) for g in st.head]
     names = {g.name for _, g in layout}
     for part, g in layout:
-        mine = [e for e in events if e.group == g.name and e.kind in _TOP]
+        mine = [e for e in events if e.group == g.name and on_modeled_timeline(e)]
         calls = len({e.layer for e in mine if e.kind in ("dispatch", "cpu")}) or (1 if mine else 0)
         out.append(
             GroupTime(
@@ -155,7 +153,7 @@ def _groups(plan: DeploymentPlan, stage: str, events: list) -> list[GroupTime]:
     if one:  # the stage ran as one dispatch per pass: its groups hold no dispatch of their own
         out.append(GroupTime(stage, "pass", fused, "npu", len(one), sum(e.duration_s for e in one), 0.0, 0.0))
         names = names | {fused}
-    loose = [e for e in events if e.kind in _TOP and e.group not in names]
+    loose = [e for e in events if on_modeled_timeline(e) and e.group not in names]
     if loose:
         out.append(
             GroupTime(
@@ -183,7 +181,7 @@ def time_plan(
     cal: Calibration = CALIBRATION,
     cpu: str = "modeled",
     library: KernelLibrary | None = None,
-    timer: HostOpTimer | None = None,
+    timer: CpuOpTimer | None = None,
 ) -> PlanTiming:
     """Modeled TTFT and decode latency of ``plan`` (see the module docstring for the conventions)."""
 
@@ -199,7 +197,7 @@ def time_plan(
         trace,
         cal=cal,
         library=library or KernelLibrary(device, cal),
-        timer=timer or HostOpTimer(cpu, cal),
+        timer=timer or CpuOpTimer(cpu, cal),
         max_context=max(prompt_len, context_len),
         dry=True,
     )
@@ -216,8 +214,8 @@ def time_plan(
         model=spec.name,
         prompt_len=prompt_len,
         context_len=context_len,
-        ttft_s=sum(e.duration_s for e in prefill_events if e.kind in _TOP),
-        decode_s_per_token=sum(e.duration_s for e in decode_events if e.kind in _TOP),
+        ttft_s=sum(e.duration_s for e in prefill_events if on_modeled_timeline(e)),
+        decode_s_per_token=sum(e.duration_s for e in decode_events if on_modeled_timeline(e)),
         load_s=runner.load_s,
         dispatches={
             "prefill": sum(e.kind == "dispatch" for e in prefill_events),

@@ -127,9 +127,7 @@ def cpu_measured_s(trace: Any, mark: int) -> float:
     The runner's window (``window_s``, what ``tilepilot generate`` prints as modeled) holds the CPU groups at
     their modeled host cost; each CPU event carries the wall clock it really took as ``measured_s``.
     """
-    return sum(
-        (e.measured_s if e.clock == "modeled" else e.duration_s) or 0.0 for e in trace.events[mark:] if e.kind == "cpu"
-    )
+    return sum(e.measured_s or 0.0 for e in trace.events[mark:] if e.kind == "cpu" and e.clock == "modeled")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

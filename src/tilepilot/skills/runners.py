@@ -14,7 +14,7 @@ from tilepilot.model.quant import WeightFormat
 from tilepilot.model.weights import WeightSource
 from tilepilot.plan.builtin import default_plan, iron_like_plan, paper_like_plan
 from tilepilot.plan.plan import DeploymentPlan, with_weights
-from tilepilot.runtime.dispatcher import HostOpTimer, KernelLibrary
+from tilepilot.runtime.dispatcher import CpuOpTimer, KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import PlanTiming, time_plan
 from tilepilot.skills.weights import WEIGHTS_KEY, describe
@@ -61,10 +61,10 @@ class RunnerFactory:
         return KernelLibrary()
 
     @cached_property
-    def host_timer(self) -> HostOpTimer:
+    def host_timer(self) -> CpuOpTimer:
         """One CPU-step timer per run. CPU groups get a modeled host cost (HostCost.cpu_model_s), so every figure
         phases 4-5 keep or revert on is a function of the plan, the code and the constants only."""
-        return HostOpTimer()
+        return CpuOpTimer()
 
     def make_runner(self, plan: DeploymentPlan | None = None, trace=None, **options) -> NpuRunner:
         """The production runner for ``plan`` (default: the deployed one) with the workspace's runtime options."""

@@ -1,8 +1,8 @@
-"""Host (CPU) implementations of the block ops, for the groups a plan places on the CPU.
+"""The cpu ops: CPU implementations of the block ops, for the groups a plan places on the CPU (``where="cpu"``).
 
 They follow the NPU's numerics contract at the group boundary (bf16 tensors in and out, fp32 inside
 non-linear functions, one rounding at the end) so moving an op between CPU and NPU changes where it
-runs, not what the rest of the model sees. These are production host code, independent of the oracle.
+runs, not what the rest of the model sees. These are production code, independent of the oracle.
 """
 
 from __future__ import annotations
