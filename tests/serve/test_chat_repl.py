@@ -105,7 +105,7 @@ def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(terminal, serve_workspace):
     t = terminal(serve_workspace, "--max-new-tokens", "2000")
     t.send("Write a very long story.")
     t.expect("assistant> ")
-    time.sleep(0.5)
+    t.expect(re.compile(r"\S"))  # the reply has begun: interrupt it mid-stream, not before its first token
     t.proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers
     stopped = t.expect(FIGURES, timeout=10)
     assert stopped["reason"] == "interrupted" and int(stopped["generated"]) < 2000
