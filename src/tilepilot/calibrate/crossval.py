@@ -80,6 +80,11 @@ FIT_CHOICES: tuple[FitChoice, ...] = (
         "the tiles a launch configures",
     ),
     FitChoice(
+        "plus-hop-latency",
+        (*KERNEL_FIT_PARAMS, "dma_hop_latency_cycles", "eff:*"),
+        "as the first, with the DMA hop latency (what a pipeline fill or drain pays per hop) free as well",
+    ),
+    FitChoice(
         "plus-pipeline-latencies",
         (*KERNEL_FIT_PARAMS, "dma_hop_latency_cycles", "loop_overhead_cycles", "eff:*"),
         "as the first, with the DMA hop latency and the per-call loop overhead free as well",

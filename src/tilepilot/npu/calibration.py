@@ -37,23 +37,22 @@ IRON_DESIGN_SWITCH_S = (38.5e-6 + 39.3e-6) / 2  # switching to another design (a
 # The numbers are what fraction of the variant's peak rate (MACs/cycle or vector ops/cycle) the tile
 # kernel sustains inside its loop, loop overhead excluded.
 _EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (  # sorted by family name
-    # FITTED by tilepilot.calibrate.harness.fit_all (two-stage coordinate search, docs/calibration.md) to the
-    # 133 rows of npu2_kernel_measurements.json (per-kernel stage) and then jointly with the Llama-3.2-1B figures of
-    # published.json (end-to-end stage: attention and gemv). Each entry names the rows that determine it.
-    # attention: the 2 FlashAttention rows (15.4-16.1 ms, 35.0 ms) and the paper-like flash_attn group (21.6 ms per
-    # layer), which pull apart (kernel 1.17-1.23x, group 0.90x); AIR keeps softmax state in bf16, we in fp32.
-    ("attention", 0.0884),
-    # eltwise: the residual-add rows are DDR-bound; the fit leaves the estimate (0.5) where it was.
+    # FITTED by `tilepilot calibrate --fit` (calibrate/crossval.fit_all, docs/calibration.md): the fit choice with
+    # the lowest cross-validated loss ("dispatch+memory+efficiencies", CV loss 0.01127), fitted from PRIOR (every
+    # efficiency 0.5) to the 133 rows of npu2_kernel_measurements.json. No end-to-end figure moves an efficiency.
+    # attention: the 2 FlashAttention rows (15.4-16.1 ms, 35.0 ms); AIR keeps softmax state in bf16, we in fp32.
+    ("attention", 0.10511205190671431),
+    # eltwise: the residual-add rows are DDR-bound; the fit leaves the prior (0.5) where it was.
     ("eltwise", 0.5),
-    # gemm: the 64 GEMM rows (drain / fused-cast / direct / f32), median |err| 20 %, ratios 0.64-1.58.
-    ("gemm", 0.25),
-    # gemv: the 30 GEMV rows and the LM head (13.6 ms): AIR's matrix-vector kernel sustains ~1.4 MAC/cycle per tile
-    # (a one-row product cannot fill the 4x8x8 MMUL); its rows are kernel-bound at ~30-33 GB/s over 8 tiles.
-    ("gemv", 0.005524),
+    # gemm: the 64 GEMM rows (drain / fused-cast / direct / f32 external).
+    ("gemm", 0.29730177875068026),
+    # gemv: the 30 GEMV rows: AIR's matrix-vector kernel sustains ~1.2 MAC/cycle per tile (a one-row product cannot
+    # fill the 4x8x8 MMUL); its rows are kernel-bound at ~30-33 GB/s over 8 tiles.
+    ("gemv", 0.004645340292979379),
     # rmsnorm: the 7 RMSNorm rows (18-25 GB/s, "kernel-bound, not DDR-bound" per their authors).
-    ("rmsnorm", 0.1051),
+    ("rmsnorm", 0.10511205190671431),
     # rope: the 12 RoPE rows.
-    ("rope", 0.1768),
+    ("rope", 0.1767766952966369),
     # swiglu: the 10 SiLU x mul rows (~22-25 GB/s, kernel-bound).
     ("swiglu", 0.25),
 )
@@ -71,30 +70,33 @@ class Calibration:
     vector_ops_per_cycle: float = 16.0
 
     # --- fitted: dispatch -------------------------------------------------------------------------------------------
-    # Host round trip of one dispatch (kernel() + wait() through XRT, run-list setup). FITTED by
-    # calibrate_against.fit_all (per-kernel stage, all 133 rows of npu2_kernel_measurements.json; the launch floor of
-    # the small rows sets it), from the hand fit 78.5 us (eltwise_add intercept). Consistent with "tiny launches
-    # floored at ~80-115 us" and with empty/trivial XRT kernels at 45-60 us (xdna2.md: mlir-aie #2381, XRT #9018).
-    dispatch_overhead_s: float = 66.01e-6
+    # Host round trip of one dispatch (kernel() + wait() through XRT, run-list setup). FITTED by calibrate --fit
+    # (kernel stage, all 133 rows; the launch floor of the small rows sets it) from PRIOR's 60 us (trivial XRT
+    # kernel, xdna2.md). Consistent with "tiny launches floored at ~80-115 us". IRON's measured parts
+    # (IRON_DISPATCH_S + IRON_CONFIGURE_S = 79 us, no per-tile term) were cross-validated as an alternative and lost
+    # (CV loss 0.01795 vs 0.01127): the rows' floor grows with the tiles a launch configures.
+    dispatch_overhead_s: float = 71.35242690016327e-6
     # Configuring one tile for a launch (core program, BDs, locks, switch routes), per compute tile with a worker
-    # and per memory tile with a link. FITTED by calibrate_against.fit_all (per-kernel stage: the GEMM launches, 32
-    # workers + 8 memory tiles, floor at ~116 us against ~86 us for 8-tile streaming kernels); hand estimate 0.94 us.
-    tile_config_s: float = 2.236e-6
+    # and per memory tile with a link. FITTED by calibrate --fit (kernel stage: the GEMM launches, 32 workers + 8
+    # memory tiles, floor at ~116 us against ~86 us for 8-tile streaming kernels) from the estimate 0.94 us; holding
+    # it at the estimate cross-validates worse (0.01305 vs 0.01127).
+    tile_config_s: float = 1.8800000000000006e-6
     # Extra cost of each launch after the first inside one multi-launch dispatch (reconfigure cores, BDs,
-    # switches). FITTED by calibrate_against.fit_all (end-to-end stage: AIR's fused groups rms_gemms_rope 7.3 ms with
-    # 6 launches and o_ffn 41.0 ms with 8, xdna2.md), constrained below dispatch_overhead_s (a launch inside a
-    # dispatch skips the host round trip); the first estimate was 50 us from o_gemv_ffn.
-    launch_in_group_s: float = 59.46e-6
+    # switches). FITTED by calibrate --fit (end-to-end stage, Llama-3.2-1B figures only: AIR's fused groups
+    # rms_gemms_rope 7.3 ms with 6 launches and o_ffn 41.0 ms with 8, xdna2.md) from 59.5 us, constrained below
+    # dispatch_overhead_s (a launch inside a dispatch skips the host round trip). IRON measured a design switch at
+    # 38.5-39.3 us (IRON_DESIGN_SWITCH_S); the Llama figures want more.
+    launch_in_group_s: float = 70.7102550580618e-6
 
     # --- fitted: memory --------------------------------------------------------------------------------------------
-    # Usable NPU share of DDR bandwidth, reads + writes together. FITTED by hand to the slope of the same four
-    # eltwise_add rows (70.7 GB/s); xdna2.md: streaming kernels reach >= ~60 GB/s; physical ceiling 120 GB/s.
-    ddr_bytes_per_s: float = 70e9
+    # Usable NPU share of DDR bandwidth, reads + writes together. FITTED by calibrate --fit (kernel stage: the
+    # residual-add and RoPE rows) from PRIOR's 60 GB/s; xdna2.md: streaming kernels reach >= ~60 GB/s; ceiling 120.
+    ddr_bytes_per_s: float = 71.35242690016327e9
     # What one shim DMA channel sustains to or from DDR: outstanding NoC requests x DDR latency cap it below the
-    # 14.4 GB/s stream port. FITTED by calibrate_against.fit_all (per-kernel stage) jointly with the gemm and gemv
-    # efficiencies: the GEMM rows' A/W streams need ~6 GB/s per channel, and at that rate the GEMV rows are
-    # kernel-bound (see _EFFICIENCY_TABLE). The first hand fit (5.0 GB/s) made GEMVs channel-bound instead.
-    shim_channel_bytes_per_s: float = 5.946e9
+    # 14.4 GB/s stream port. FITTED by calibrate --fit (kernel stage) jointly with the gemm and gemv efficiencies
+    # from PRIOR's 8.9 GB/s (AIR's fused decode: 35.7 GB/s on 4 channels): the GEMM rows' A/W streams need ~6 GB/s
+    # per channel, and at that rate the GEMV rows are kernel-bound (see _EFFICIENCY_TABLE).
+    shim_channel_bytes_per_s: float = 6.310928022089937e9
     # Fixed latency of one DMA hop (BD fetch, lock hand-off, DDR access latency) paid when a pipeline fills or
     # drains. ESTIMATE (~0.3 us per hop); only matters for small launches.
     dma_hop_latency_cycles: float = 500.0
