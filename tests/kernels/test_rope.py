@@ -136,3 +136,19 @@ def test_interleaved_layout_rotates_adjacent_pairs_and_is_never_a_candidate():
     assert all(c.layout == "half" for c in rope.candidate_configs(rope.Shape(64, 8, 64)))
     with pytest.raises(DesignError):
         rope.make_design(shape, rope.Config(layout="gptj"))
+
+
+def test_bf16_angles_are_right_early_wrong_late_and_never_a_candidate():
+    """Angles rounded to bf16 before cos/sin: exact-ish at small positions, off by ~a bf16 ulp of the angle later."""
+    shape = rope.Shape(512, 4, 64, "fp32")
+    inv, pos = default_inv_freq(64, 10000.0), torch.arange(512)
+    x = rand_bf16(512, rope.width(shape), seed=3)
+    truth = true_rope(x, inv, pos, 64)
+    y = rope.rotate_rows(x, rope.table(inv, pos, "fp32", angles="bf16"), 64).float()
+    cos = torch.nn.functional.cosine_similarity(truth, y, dim=-1)
+    assert cos[:64].min() > 0.999 and cos[384:].min() < 0.97
+    assert torch.equal(rope.table(inv, pos, "fp32"), rope.table(inv, pos, "fp32", angles="fp32"))
+    assert rope.Config().angles == "fp32"
+    assert all(c.angles == "fp32" for c in rope.candidate_configs(shape))
+    with pytest.raises(Exception, match="angles"):
+        rope.make_design(shape, rope.Config(angles="fp16"))

@@ -114,18 +114,6 @@ def kernel_bug(monkeypatch, family: str, trigger: Callable[[object], bool], corr
     yield
 
 
-def drop_late_queries(after_row: int):
-    """Attention outputs past ``after_row`` come from a stale tile (rows shifted): late positions go wrong."""
-
-    def corrupt(inputs: dict, outputs: dict) -> dict:
-        o = outputs["o"].clone()
-        if o.shape[0] > after_row + 1:
-            o[after_row:] = torch.roll(o[after_row:], shifts=1, dims=1)
-        return {"o": o}
-
-    return corrupt
-
-
 def noisy(rel: float, seed: int = 0):
     """Add seeded noise of relative size ``rel`` (a reduced-precision accumulation worse than bf16)."""
 

@@ -19,6 +19,7 @@ GOOD = 0.9995
         ({"partition_cosine": [GOOD, GOOD, 0.748, GOOD]}, C.ONE_PARTITION_WRONG),
         ({"rope_position_cosine": [1.0, 0.3, 0.2, 0.1]}, C.ROPE_LAYOUT_MISMATCH),
         ({"position_cosine": [GOOD] * 8 + [0.9] * 8}, C.LATE_POSITIONS_ONLY),
+        ({"rope_position_cosine": [1.0] * 8 + [GOOD, 0.95] * 4}, C.LATE_POSITIONS_ONLY),  # bf16 RoPE angles
         ({"layer_cosine": [0.999, 0.99, 0.97, 0.93]}, C.ERROR_GROWS_WITH_DEPTH),
     ],
 )

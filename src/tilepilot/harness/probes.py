@@ -22,6 +22,7 @@ from tilepilot.gates import thresholds as T
 from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.kernels.bind import binding, family_module, make_config
 from tilepilot.kernels.fuse import group_for_ops
+from tilepilot.kernels.rope import table_for
 from tilepilot.model.graph import KV_FAMILY, block_graph
 from tilepilot.model.quant import quantize
 from tilepilot.npu.design import MultiLaunchGroup, torch_dtype
@@ -132,7 +133,8 @@ def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0, sha
     """Seeded inputs for the design (by its DDR tensor names), and the same for the reference.
 
     RoPE gets real cos/sin tables (so position 0 is the identity); the reference gets them in FP32 as the
-    true op, the design in its declared table dtype. A packed (uint8) weight is a seeded weight quantized in the
+    true op, the design in its declared table dtype and with angles in its config's precision (as the runner's
+    binding builds them). A packed (uint8) weight is a seeded weight quantized in the
     shape's block format: random bytes would make fp16 block scales NaN or Inf.
     """
 
@@ -147,7 +149,11 @@ def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0, sha
             cos, sin = rope_tables(torch.arange(start, start + ts.shape[0]), inv_freq_for(spec))
             half = cos.shape[-1] // 2
             table = torch.cat((cos[:, :half], sin[:, :half]), dim=-1).float()
-            ins[ts.name], ref[ts.name] = table.to(dt), table
+            ref[ts.name] = table
+            angles = design.meta.get("config", {}).get("angles", "fp32")  # the table the config's runner builds
+            if angles != "fp32":
+                table = table_for(spec, start, ts.shape[0], "fp32", angles)
+            ins[ts.name] = table.to(dt)
             continue
         t = torch.randn(ts.shape, generator=gen, dtype=torch.float32)
         if ts.name in ("w",) and len(ts.shape) == 1:  # norm weights sit around 1

@@ -147,9 +147,14 @@ def _rope_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: 
 
 
 def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    """The pass's fp32-angle table, or, for a config whose ``angles`` differ, that precision's table of the call's
+    positions (``args["start"]`` on), built here because the runner's one table serves every RoPE call."""
     cs_spec = design.tensor("cs")
-
-    cs = args["cs"].to(torch_dtype(cs_spec.dtype))
+    cs = args["cs"]
+    angles = design.meta["config"].get("angles", "fp32")
+    if angles != "fp32":
+        cs = family_module("rope").table_for(spec, int(args["start"]), cs.shape[0], "fp32", angles)
+    cs = cs.to(torch_dtype(cs_spec.dtype))
     return design.fast({"x": args["_in"][0], "cs": cs})["y"]
 
 

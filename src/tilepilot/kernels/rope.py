@@ -41,8 +41,14 @@ TABLE_DTYPES = ("bf16", "fp32")
 # and llama.cpp's GGUF Q/K, which its converter permutes to suit it). Running "interleaved" on half-rotation
 # weights is the mistake of a GGUF-minded deployment: right at position 0 (the identity), wrong from position 1.
 LAYOUTS = ("half", "interleaved")
+# The precision the table's angles (position x inverse frequency) are computed in before cos/sin. "fp32" is Hugging
+# Face's (and the runner's) table; "bf16" is the mistake of a table built in the model's dtype: position, inverse
+# frequency and their product each rounded to bf16, right at early positions (small angles, exact integer positions)
+# and off by up to half a bf16 ulp of the angle later (~1 rad at position 256 at frequency 1), so late positions
+# rotate wrongly.
+ANGLES = ("fp32", "bf16")
 # Config fields with named choices (what a debug skill may switch one at a time).
-OPTIONS = {"variant": VARIANTS, "layout": LAYOUTS}
+OPTIONS = {"variant": VARIANTS, "layout": LAYOUTS, "angles": ANGLES}
 OPS_PER_ELEMENT = 4  # ESTIMATE: two fp32 multiplies, one add/sub, one bf16 convert per output element
 
 
@@ -57,9 +63,11 @@ class Shape:
 @dataclass(frozen=True)
 class Config(rw.RowConfig):
     """Tokens (with all their heads) streamed through ``tiles`` workers (``rowwise.RowConfig``), rotating the
-    pairs of ``layout`` (only "half" is ever a candidate: it is the checkpoints' layout)."""
+    pairs of ``layout`` by a table whose angles are computed in ``angles`` precision (only "half" and "fp32" are ever
+    candidates: the checkpoints' layout and Hugging Face's table)."""
 
     layout: str = "half"
+    angles: str = "fp32"
 
 
 def width(shape: Shape) -> int:
@@ -75,16 +83,21 @@ def l1_bytes(shape: Shape, config: Config) -> int:
 # ----------------------------------------------------------------------------------------------------------------------
 # Host tables
 # ----------------------------------------------------------------------------------------------------------------------
-def table(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: str = "bf16") -> torch.Tensor:
-    """[len(positions), head_dim] = [cos | sin] of positions x inv_freq, computed in fp32, stored in ``dtype``."""
-    cos, sin = ops.rope_tables(positions, inv_freq)
+def table(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: str = "bf16", angles: str = "fp32") -> torch.Tensor:
+    """[len(positions), head_dim] = [cos | sin] of positions x inv_freq, stored in ``dtype``; the angles are
+    computed in fp32, or with ``angles="bf16"`` from bf16 positions and inverse frequencies, rounded to bf16."""
     half = inv_freq.shape[0]
+    if angles == "bf16":
+        pos, freq = nx.round_bf16(positions.float()), nx.round_bf16(inv_freq.float())
+        ang = (pos[:, None] * freq[None, :]).float()  # a bf16 multiply: the product rounded to bf16, then widened
+        return torch.cat((ang.cos(), ang.sin()), dim=-1).to(torch_dtype(dtype))
+    cos, sin = ops.rope_tables(positions, inv_freq)
     return torch.cat((cos[:, :half], sin[:, :half]), dim=-1).to(torch_dtype(dtype))
 
 
-def table_for(spec: ModelSpec, start: int, count: int, dtype: str = "bf16") -> torch.Tensor:
+def table_for(spec: ModelSpec, start: int, count: int, dtype: str = "bf16", angles: str = "fp32") -> torch.Tensor:
     """The table of positions ``start .. start+count-1`` for ``spec`` (decode: start = tokens already cached)."""
-    return table(inv_freq_for(spec), torch.arange(start, start + count), dtype)
+    return table(inv_freq_for(spec), torch.arange(start, start + count), dtype, angles)
 
 
 def shape_for(spec: ModelSpec, rows: int, which: str = "q", table_dtype: str = "bf16") -> Shape:
@@ -123,7 +136,9 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     rpc, w = config.rows_per_call, width(shape)
     tb = 2 if shape.table_dtype == "bf16" else 4
     return TileKernel(
-        name=f"rope_{config.variant}_{shape.heads}x{d}" + ("" if config.layout == "half" else f"_{config.layout}"),
+        name=f"rope_{config.variant}_{shape.heads}x{d}"
+        + ("" if config.layout == "half" else f"_{config.layout}")
+        + ("" if config.angles == "fp32" else f"_angles_{config.angles}"),
         fn=rope_tile,
         variant=config.variant,
         vector_ops_per_call=rpc * w * OPS_PER_ELEMENT,
@@ -136,6 +151,7 @@ def _check(shape: Shape, config: Config) -> None:
     rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
     rw.check_choice(FAMILY, "table dtype", shape.table_dtype, TABLE_DTYPES)
     rw.check_choice(FAMILY, "layout", config.layout, LAYOUTS)
+    rw.check_choice(FAMILY, "angles", config.angles, ANGLES)
     if min(shape.rows, shape.heads, shape.head_dim) < 1 or shape.head_dim % 4:
         raise st.shape_error(FAMILY, f"shape {shape} is empty or head_dim is not a multiple of 4 (two word halves)")
 
@@ -161,7 +177,11 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         kernel=_kernel(shape, config),
         local_bytes=0,
         numerics=nx.Numerics(
-            "bf16", "fp32", None, "bf16", (f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16")
+            "bf16",
+            "fp32",
+            None,
+            "bf16",
+            (f"angles:{config.angles}", f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16"),
         ),
         fast=_fast(shape, config.layout),
     )

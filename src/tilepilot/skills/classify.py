@@ -15,7 +15,7 @@ Evidence keys (all optional; a missing key simply rules its signatures out):
   partition_cosine: list[float]        final-logit cosine per LM-head vocab partition
   call_cosine: list[float]             final-logit cosine of consecutive runner calls on different inputs
   rope_position_cosine: list[float]    per-position cosine of the plan's RoPE kernel, run alone on a probe
-                                       input, vs the oracle's RoPE (inputs identical by construction)
+                                       input, vs the oracle's RoPE (same x, the oracle's fp32 table)
 """
 
 from __future__ import annotations
@@ -151,15 +151,19 @@ def late_positions_bad(cosines: list[float]) -> int | None:
 
 
 def _check_late_positions(ev: dict[str, Any]) -> Diagnosis | None:
-    pos = list(ev.get("position_cosine") or [])
-    first_bad = late_positions_bad(pos)
-    if first_bad is None:
-        return None
-    n_early = max(1, int(len(pos) * EARLY_FRACTION))
-    return Diagnosis(
-        LATE_POSITIONS_ONLY,
-        [f"positions 0..{n_early - 1} good, first bad position {first_bad} (cosine {pos[first_bad]:.4f})"],
-    )
+    """Late positions wrong in the last layer's output, or in the RoPE kernel alone (a table whose angles lose
+    precision as positions grow: right early, wrong late; the layout rule above has already ruled out position 1)."""
+    for key, what in (("position_cosine", "positions"), ("rope_position_cosine", "RoPE kernel alone: positions")):
+        pos = list(ev.get(key) or [])
+        first_bad = late_positions_bad(pos)
+        if first_bad is None:
+            continue
+        n_early = max(1, int(len(pos) * EARLY_FRACTION))
+        return Diagnosis(
+            LATE_POSITIONS_ONLY,
+            [f"{what} 0..{n_early - 1} good, first bad position {first_bad} (cosine {pos[first_bad]:.4f})"],
+        )
+    return None
 
 
 def _check_depth(ev: dict[str, Any]) -> Diagnosis | None:

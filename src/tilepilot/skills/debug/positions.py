@@ -6,7 +6,7 @@ from tilepilot.harness.probes import Probe, probe, stage_rows
 from tilepilot.kernels import rope
 from tilepilot.skills.base import SkillResult
 from tilepilot.skills.classify import GOOD_COSINE, LATE_POSITIONS_ONLY, ROPE_LAYOUT_MISMATCH, late_positions_bad
-from tilepilot.skills.debug.common import ReconfigureSkill, full_config, probes_now, resume_commands
+from tilepilot.skills.debug.common import ReconfigureSkill, full_config, probes_now, reduced_fields, resume_commands
 from tilepilot.skills.optimize.common import clone
 from tilepilot.skills.optimize.kernels import legal_at, set_config, sizes_for
 
@@ -24,14 +24,15 @@ class FixLatePositions(ReconfigureSkill):
     signature = LATE_POSITIONS_ONLY
     description = (
         "Finds the position-dependent kernel (attention over the KV cache, RoPE) whose output is right for early "
-        "positions and wrong for later ones when probed alone, and re-configures it (query/key tiles, rows per "
-        "call) until every position passes. Use when only late prompt positions disagree with the oracle."
+        "positions and wrong for later ones when probed alone (e.g. RoPE tables whose angles are computed in bf16), "
+        "and re-configures it, one named option first (angles bf16 -> fp32), else its tiling (query/key tiles, rows "
+        "per call), until every position passes. Use when only late prompt positions disagree with the oracle."
     )
-    purpose = "Repairs tiling that drops or misplaces keys or rows beyond a position."
+    purpose = "Repairs position-dependent precision loss and tiling that drops or misplaces rows beyond a position."
     commands = resume_commands("fix-late-positions")
     gate_text = "The failed phase re-runs; per-position cosine decides."
     failure_modes = (
-        "Every kernel is right at every position alone (e.g. a RoPE frequency table error in the host code): "
+        "Every kernel is right at every position alone (e.g. wrong inverse frequencies in the host code): "
         "unrepaired, needs a human.",
     )
 
@@ -39,7 +40,15 @@ class FixLatePositions(ReconfigureSkill):
         return _all_rows_good(p)
 
     def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:
-        return [p for p in probes if p.call.family in ("attention", "rope") and (_late_only(p.row_cosine) or not p.ok)]
+        """Attention and RoPE calls wrong only late or failing alone, and every RoPE call whose table angles are
+        computed in reduced precision: a decode call rotates one row, right or wrong by chance at the one position
+        its probe meets, and wrong at later ones."""
+        return [
+            p
+            for p in probes
+            if p.call.family in ("attention", "rope")
+            and (_late_only(p.row_cosine) or not p.ok or (p.call.family == "rope" and reduced_fields(p.config)))
+        ]
 
 
 class FixRopeLayout(ReconfigureSkill):
