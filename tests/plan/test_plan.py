@@ -66,7 +66,7 @@ def test_validation_catches_missing_duplicate_and_misordered_ops(tiny_spec):
 
     plan = paper_like_plan(tiny_spec)
     plan.decode.block[1] = KernelGroup("cpu_attention", [KernelCall("attention", "attention")], "cpu")
-    assert any("use 'host'" in p for p in validate_plan(plan, tiny_spec))
+    assert any("use 'cpu'" in p for p in validate_plan(plan, tiny_spec))
 
 
 def test_bad_json_is_a_config_error(tmp_path):
@@ -78,3 +78,15 @@ def test_bad_json_is_a_config_error(tmp_path):
         DeploymentPlan.load(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match="unknown plan"):
         builtin_plan("fastest", None)
+
+
+def test_a_plan_saved_with_the_old_cpu_family_name_loads_with_todays(tiny_spec):
+    """Workspaces deployed before CPU calls were named "cpu" name them "host"; they must still load and run."""
+    plan = paper_like_plan(tiny_spec)
+    cpu_calls = [c for g in plan.decode.block + plan.decode.head if g.where == "cpu" for c in g.calls]
+    assert cpu_calls and {c.family for c in cpu_calls} == {"cpu"}
+    old = plan.to_json().replace('"family": "cpu"', '"family": "host"')
+    assert '"family": "host"' in old
+    loaded = DeploymentPlan.from_json(old)
+    assert loaded.to_dict() == plan.to_dict()
+    assert validate_plan(loaded, tiny_spec) == []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tilepilot.model.spec import ModelSpec
 
-# semantic op kind -> kernel families that may implement it on the NPU. "host" marks a CPU call.
+# semantic op kind -> kernel families that may implement it on the NPU. "cpu" marks a call run on the host CPU.
 KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("rmsnorm",),
     "linear": ("gemm", "gemv", "qgemv", "qgemm"),  # qgemv/qgemm: packed quantized weights (model/quant.py)
@@ -29,7 +29,9 @@ KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     "lm_head": ("lm_head", "gemv", "gemm", "qgemv"),
 }
 
-HOST_FAMILY = "host"
+CPU_FAMILY = "cpu"
+# plans saved before CPU calls were named "cpu" called them "host"; they load as CPU_FAMILY
+LEGACY_CPU_FAMILY = "host"
 KV_FAMILY = "kv_cache"
 LAYER_INPUT = "x"
 KV_STATE = "kv_cache"

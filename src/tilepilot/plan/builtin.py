@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilepilot.errors import ConfigError
-from tilepilot.model.graph import HOST_FAMILY, BlockGraph, OpNode, block_graph
+from tilepilot.model.graph import CPU_FAMILY, BlockGraph, OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.plan.air_q4 import air_q4_plan
 from tilepilot.plan.plan import DeploymentPlan, HostPolicy, KernelCall, KernelGroup, StagePlan, check_plan, npu_family
 
 
 def _call(node: OpNode, stage: str, where: str) -> KernelCall:
-    return KernelCall(op=node.op, family=HOST_FAMILY if where == "cpu" else npu_family(node, stage))
+    return KernelCall(op=node.op, family=CPU_FAMILY if where == "cpu" else npu_family(node, stage))
 
 
 def _group(name: str, nodes: list[OpNode], stage: str, where: str = "npu") -> KernelGroup:

@@ -14,7 +14,15 @@ from typing import Any
 
 from tilepilot.errors import ConfigError
 from tilepilot.files import write_text_atomic
-from tilepilot.model.graph import HOST_FAMILY, KIND_FAMILIES, KV_FAMILY, LAYER_INPUT, OpNode, block_graph
+from tilepilot.model.graph import (
+    CPU_FAMILY,
+    KIND_FAMILIES,
+    KV_FAMILY,
+    LAYER_INPUT,
+    LEGACY_CPU_FAMILY,
+    OpNode,
+    block_graph,
+)
 from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
 
@@ -198,12 +206,17 @@ class DeploymentPlan:
         return cls.from_json(path.read_text())
 
 
+def _family(name: str) -> str:
+    """A saved plan's family name, with the old name of CPU calls read as today's."""
+    return CPU_FAMILY if name == LEGACY_CPU_FAMILY else str(name)
+
+
 def _stage_from_dict(d: dict[str, Any]) -> StagePlan:
     def groups(items: list[dict[str, Any]]) -> list[KernelGroup]:
         return [
             KernelGroup(
                 name=str(g["name"]),
-                calls=[KernelCall(c["op"], c["family"], dict(c.get("config", {}))) for c in g["calls"]],
+                calls=[KernelCall(c["op"], _family(c["family"]), dict(c.get("config", {}))) for c in g["calls"]],
                 where=str(g.get("where", "npu")),
             )
             for g in items
@@ -276,9 +289,9 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                     available.add(node.output)
                     allowed = KIND_FAMILIES[node.kind]
                     if g.where == "cpu":
-                        if c.family not in (HOST_FAMILY,):
+                        if c.family not in (CPU_FAMILY,):
                             problems.append(
-                                f"{where} op {c.op} is in CPU group {g.name} but names family {c.family!r}; use 'host'"
+                                f"{where} op {c.op} is in CPU group {g.name} but names family {c.family!r}; use 'cpu'"
                             )
                     elif c.family not in allowed:
                         problems.append(f"{where} op {c.op} uses family {c.family!r}; it must be one of {allowed}")
