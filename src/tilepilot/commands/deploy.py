@@ -72,8 +72,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help=(
             "weight format of the layers' projections: bf16, q4_0 (signed 4-bit, a scale per block), q4_1 (affine "
             "4-bit, scale and min per block, AIR's Q4NX), q8_0. Default: bf16 for a safetensors checkpoint; for a "
-            "GGUF input its own format, its blocks used as stored (no dequantize-requantize). Any other format or "
-            "block size is round-to-nearest from the bf16 values. On --resume: the recorded format"
+            "GGUF input its own format, its blocks used as stored (no dequantize-requantize; a directory imported "
+            "from a GGUF keeps them too, used when --weights names their format). Any other format or block size is "
+            "round-to-nearest from the bf16 values. On --resume: the recorded format"
         ),
     )
     p.add_argument(
