@@ -91,3 +91,20 @@ def test_a_quantized_plan_runs_its_prefill_through_the_packed_gemm(zoo_model):
     ref = Oracle(deployment_weights(ck, plan.weight_format())).prefill(ids).logits
     cos = torch.nn.functional.cosine_similarity(got.float(), ref.float(), dim=-1)
     assert float(cos.min()) > 0.999
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+def test_a_quantized_plans_merged_groups_build_with_their_quantized_launches(zoo_model, fmt):
+    """The kernel probe checks every multi-call group of a plan as one fused dispatch: a quantized plan's groups
+    must be built with its qgemm/qgemv launches (they were built with gemm/gemv and the quantized configs, an
+    AttributeError that made merge-launches reject every quantized plan)."""
+    from tilepilot.harness.probes import group_checks
+    from tilepilot.model.checkpoint import load_checkpoint
+    from tilepilot.model.quant import WeightFormat
+    from tilepilot.plan.builtin import paper_like_plan
+    from tilepilot.plan.plan import with_weights
+
+    spec = load_checkpoint(zoo_model("llama-3.2-1b", layers=1)).spec
+    plan = with_weights(paper_like_plan(spec), WeightFormat(fmt))
+    checks = group_checks(plan, spec, prompt_len=24)
+    assert checks and all(c.codes == [] for c in checks), [(c.group, c.codes) for c in checks if c.codes]

@@ -343,7 +343,10 @@ def group_checks(plan, spec, prompt_len: int, only: tuple[str, str] | None = Non
                         configs[c.op] = config_for(c.family, call_shape(spec, ref, rows, context), c.config)
                 ops = [c.op for c in g.calls if graph.node(c.op).kind != "kv_write"]
                 try:
-                    group_for_ops(g.name, spec, ops, rows, stage=stage, context=context - rows, configs=configs)
+                    families = {c.op: c.family for c in kernel_ops}
+                    group_for_ops(
+                        g.name, spec, ops, rows, stage=stage, context=context - rows, configs=configs, families=families
+                    )
                     out.append(GroupCheck(stage, g.name, ops, []))
                 except Exception as e:
                     codes = sorted(set(getattr(e, "codes", []) or [type(e).__name__]))

@@ -45,6 +45,8 @@ LINEAR_FAMILY = {"prefill": "gemm", "decode": "gemv"}
 TENSORS: dict[str, tuple[tuple[str, ...], str | None, str]] = {
     "gemm": (("a",), "w", "c"),
     "gemv": (("x",), "w", "y"),
+    "qgemm": (("a",), "w", "c"),
+    "qgemv": (("x",), "w", "y"),
     "rmsnorm": (("x",), "w", "y"),
     "bias": (("x",), "b", "y"),
     "rope": (("x",), None, "y"),
@@ -179,14 +181,21 @@ def run_unfused_fast(
 # ----------------------------------------------------------------------------------------------------------------------
 # Groups from the block graph
 # ----------------------------------------------------------------------------------------------------------------------
-def node_launch(node, spec: ModelSpec, rows: int, stage: str, context: int, config: Any = None) -> Launch:
-    """The launch of one block-graph node for ``rows`` tokens (attention: ``context`` cached positions before)."""
+def node_launch(
+    node, spec: ModelSpec, rows: int, stage: str, context: int, config: Any = None, family: str | None = None
+) -> Launch:
+    """The launch of one block-graph node for ``rows`` tokens (attention: ``context`` cached positions before).
+    ``family`` is the plan's family of a linear op (a quantized plan's qgemm/qgemv, whose shape carries the weight
+    format and block of ``config``); by default the stage's bf16 family."""
     kind = node.kind
     if kind == "linear":
         n, k = weight_shape(spec, node.weights[0])
-        family = LINEAR_FAMILY[stage]
+        family = family or LINEAR_FAMILY[stage]
         mod = family_module(family)
-        shape = mod.Shape(m=rows, n=n, k=k) if family == "gemm" else mod.Shape(n=n, k=k, m=rows)
+        if family in ("qgemm", "qgemv"):
+            shape = mod.Shape(m=rows, n=n, k=k, fmt=config.fmt, block=config.block)
+        else:
+            shape = mod.Shape(m=rows, n=n, k=k) if family == "gemm" else mod.Shape(n=n, k=k, m=rows)
     elif kind == "rmsnorm":
         family, shape = "rmsnorm", family_module("rmsnorm").Shape(rows, node.width, 1, spec.rms_eps)
     elif kind == "head_norm":
@@ -219,6 +228,7 @@ def group_for_ops(
     context: int = 0,
     configs: Mapping[str, Any] | None = None,
     device: Device | None = None,
+    families: Mapping[str, str] | None = None,
 ) -> MultiLaunchGroup:
     """One dispatch for a run of block-graph ops: a launch per op (kv_write adds none), inputs bound to the
     outputs of earlier ops of the group; everything else (layer input, weights, RoPE tables, the KV cache,
@@ -234,7 +244,7 @@ def group_for_ops(
         node = graph.node(op)
         if node.kind == "kv_write":
             continue
-        launch = node_launch(node, spec, rows, stage, context, configs.get(op))
+        launch = node_launch(node, spec, rows, stage, context, configs.get(op), (families or {}).get(op))
         acts, _, out = TENSORS[launch.family]
         values = [v for v in node.inputs if v != KV_STATE]
         bindings = {t: produced[v] for t, v in zip(acts, values, strict=False) if v in produced}
