@@ -336,6 +336,15 @@ def closest_legal(
     raise TilepilotError(f"No legal {mod.FAMILY} config near {wanted} for {shape}; the row cannot be modeled.")
 
 
+def legal_design(mod: Any, shape: Any, wanted: Any, device: Device, **closest: Any) -> Design:
+    """The design at ``wanted``'s tiling or the nearest legal one, with ``calibration_note`` in its meta saying
+    which (the row's figure reads it), so every family's row reports a changed tiling, not only GEMM's."""
+    cfg, note = closest_legal(mod, shape, wanted, device, **closest)
+    design = mod.make_design(shape, cfg, device)
+    design.meta["calibration_note"] = note
+    return design
+
+
 def _dims(text: str) -> tuple[int, int]:
     a, b = text.replace("\u00d7", "x").split("x")
     return int(a), int(b)
@@ -371,9 +380,7 @@ def _gemm_rows(rows: list[dict], device: Device) -> list[KernelRow]:
             # which may not fit L1 at AIR's tiling: then time the same tiling with the in-buffer (bf16) accumulator
             other = dataclasses.replace(wanted, acc="bf16" if acc == "fp32" else "fp32")
             keep = ("rows", "cols", "variant", "orient")
-            cfg, note = closest_legal(gemm, shape, wanted, device, keep=keep, first=[other])
-            design = gemm.make_design(shape, cfg, device)
-            design.meta["calibration_note"] = note
+            design = legal_design(gemm, shape, wanted, device, keep=keep, first=[other])
             if method != "fused-cast":
                 return design
             # the f32 GEMM's cast launch: an eltwise design over M*N elements moves the same DDR bytes
@@ -429,10 +436,7 @@ def _rmsnorm_rows(rows: list[dict], device: Device) -> list[KernelRow]:
         def build(m=m, w=w, tiles=tiles) -> Design:
             mod = _family("rmsnorm")
             shape = mod.Shape(m, w)
-            cfg, note = closest_legal(
-                mod, shape, dataclasses.replace(mod.default_config(shape, device), tiles=tiles), device
-            )
-            return mod.make_design(shape, cfg, device)
+            return legal_design(mod, shape, dataclasses.replace(mod.default_config(shape, device), tiles=tiles), device)
 
         out.append(
             KernelRow(
@@ -457,10 +461,7 @@ def _rope_rows(rows: list[dict], device: Device) -> list[KernelRow]:
             mod = _family("rope")
             # AIR's kernel streams one cos/sin row per work row (its GB/s counts them), i.e. rows x 1 head here
             shape = mod.Shape(n, 1, d)
-            cfg, _ = closest_legal(
-                mod, shape, dataclasses.replace(mod.default_config(shape, device), tiles=tiles), device
-            )
-            return mod.make_design(shape, cfg, device)
+            return legal_design(mod, shape, dataclasses.replace(mod.default_config(shape, device), tiles=tiles), device)
 
         out.append(
             KernelRow(
@@ -491,8 +492,7 @@ def _flat_rows(table: str, family: str, rows: list[dict], device: Device) -> lis
             else:
                 shape = mod.Shape(n, "add")
             wanted = dataclasses.replace(mod.default_config(shape, device), tiles=tiles, chunk=chunk)
-            cfg, _ = closest_legal(mod, shape, wanted, device)
-            return mod.make_design(shape, cfg, device)
+            return legal_design(mod, shape, wanted, device)
 
         label = "SiLU x mul" if family == "swiglu" else "residual add"
         out.append(
@@ -541,9 +541,11 @@ def _attention_rows(rows: list[dict], device: Device) -> list[KernelRow]:
             wanted = dataclasses.replace(
                 mod.default_config(shape, device), cols=8, heads_per_col=4, tile_q=64, tile_k=64
             )
-            cfg, _ = closest_legal(mod, shape, wanted, device)
+            cfg, note = closest_legal(mod, shape, wanted, device)
             # the tiling is legal either way; whether masked blocks are computed is the kernel's, not the tiling's
-            return mod.make_design(shape, dataclasses.replace(cfg, skip_masked=AIR_ATTENTION_SKIPS_MASKED), device)
+            design = mod.make_design(shape, dataclasses.replace(cfg, skip_masked=AIR_ATTENTION_SKIPS_MASKED), device)
+            design.meta["calibration_note"] = note
+            return design
 
         notes = ["published as a range, midpoint used"] if len(lat) > 1 else []
         if causal and not AIR_ATTENTION_SKIPS_MASKED:
