@@ -3,18 +3,26 @@ scoring along the runner's continuation gives the oracle's own greedy."""
 
 from __future__ import annotations
 
+import pytest
+
+from tilepilot.gates import thresholds as T
 from tilepilot.harness.model_gate import gate_prompts, model_gate, oracle_reference
 from tilepilot.oracle.model import Oracle
 
 
 def test_short_gate_checks_a_prefix_of_the_reference(fresh_ctx):
-    ctx = fresh_ctx(greedy_steps=8, proposal_greedy_steps=3)
+    """A proposal's shortened gate (greedy and teacher-forced KL) checks the first steps of the full gate's own
+    reference and text, so it can only miss a fault that shows late, never see a different one."""
+    ctx = fresh_ctx(greedy_steps=8, proposal_greedy_steps=3, proposal_kl_steps=5)
+    s = ctx.settings
     full_report, full = model_gate(ctx, ctx.plan)
-    short_report, short = model_gate(ctx, ctx.plan, greedy_steps=ctx.settings.proposal_greedy_steps)
+    short_report, short = model_gate(ctx, ctx.plan, greedy_steps=s.proposal_greedy_steps, kl_steps=s.proposal_kl_steps)
     assert full_report.passed and short_report.passed
     assert (full["greedy_steps"], short["greedy_steps"]) == (8, 3)
     assert short["greedy"]["reference"] == full["greedy"]["reference"][:3]
     assert short["greedy"]["test"] == full["greedy"]["test"][:3]
+    assert (full["kl_steps"], short["kl_steps"]) == (T.KL_STEPS, 5)
+    assert short["kl_per_step"] == pytest.approx(full["kl_per_step"][:5], rel=1e-6, abs=1e-12)
 
 
 def test_reference_scored_along_equals_the_greedy_reference(fresh_ctx):
@@ -30,7 +38,6 @@ def test_reference_scored_along_equals_the_greedy_reference(fresh_ctx):
 def test_reference_along_stops_at_the_first_divergence(fresh_ctx):
     """The scored reference ends at the step the runner left the oracle's path (what the token-set check reads);
     too short a continuation is refused; a token outside the vocabulary fails the check instead of crashing it."""
-    import pytest
 
     from tilepilot.errors import InputError
     from tilepilot.gates.metrics import greedy_token_set_check

@@ -97,7 +97,8 @@ def test_keep_or_revert(fresh_ctx, monkeypatch):
     monkeypatch.setattr(optimize_common, "model_gate", lambda ctx, plan, **kw: (asked.append(kw), (Failing(), {}))[1])
     row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
     assert row["decision"].startswith("rejected: gate failed") and ctx.plan.host.weights == "per_call"
-    assert asked == [{"greedy_steps": ctx.settings.proposal_greedy_steps}]  # proposals get the short greedy
+    s = ctx.settings  # proposals get the short greedy and the short KL
+    assert asked == [{"greedy_steps": s.proposal_greedy_steps, "kl_steps": s.proposal_kl_steps}]
     monkeypatch.undo()
     row = try_proposal(ctx, "probe-skill", "prefill", Proposal(faster, "preload"))
     assert row["decision"] == "applied" and ctx.plan.host.weights == "preloaded"

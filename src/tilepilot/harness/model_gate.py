@@ -225,12 +225,18 @@ def gate_prompts(ctx, seed: int | None = None, texts=None) -> tuple[list[int], l
 
 
 def model_gate(
-    ctx, plan, *, runner_factory: Callable | None = None, greedy_steps: int | None = None
+    ctx,
+    plan,
+    *,
+    runner_factory: Callable | None = None,
+    greedy_steps: int | None = None,
+    kl_steps: int | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Run the model gate for ``plan`` on the deployment's gate prompts; returns (GateReport, evidence).
 
-    ``greedy_steps`` shortens the greedy check (optimization proposals); the reference is the same greedy cut
-    to that length, so a shorter check is a prefix of the full one, never a different one."""
+    ``greedy_steps`` and ``kl_steps`` shorten the greedy check and the teacher-forced KL (optimization proposals:
+    both cost a pass over every weight per token, and phases 4-5 gate a dozen proposals). The references are the
+    full ones cut to that length, so a shorter check is a prefix of the full one, never a different one."""
     a, b = gate_prompts(ctx)
     ref = ctx.reference(a, b)
     steps = min(greedy_steps or ctx.settings.greedy_steps, len(ref.greedy_tokens))
@@ -240,11 +246,12 @@ def model_gate(
     evidence: dict[str, Any] = {"greedy_steps": steps}
     prefix = ctx.settings.gate_prompt_len
     kl_text, real_text = kl_ids(ctx.tokenizer, ctx.spec.vocab, prefix, ctx.settings.seed)
+    kl_n = min(kl_steps or T.KL_STEPS, T.KL_STEPS)
     evidence["kl_text"] = "real text (harness/prompts.py KL_TEXTS)" if real_text else "seeded token ids (no tokenizer)"
     try:
         runner = factory()
         prod = run_production(runner, a, b, steps)
-        kl_test = run_teacher_forced(runner, kl_text, prefix)
+        kl_test = run_teacher_forced(runner, kl_text, prefix, kl_n)
     except Exception as e:  # a design the validator refuses: record its codes for the classifier
         codes = list(getattr(e, "codes", []) or [])
         if not codes and not hasattr(e, "violations"):
@@ -254,7 +261,7 @@ def model_gate(
         return report, evidence
     m, ev = compare_model(ref, prod, lm_head_ranges(plan, ctx.spec))
     evidence.update(ev)
-    km, kev = kl_measurements(_kl_reference(ctx, kl_text, prefix), kl_test)
+    km, kev = kl_measurements(_kl_reference(ctx, kl_text, prefix)[:kl_n], kl_test)
     m.update(km)
     evidence.update(kev)
     report = model_gate_thresholds().evaluate(m)

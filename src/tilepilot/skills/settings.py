@@ -24,15 +24,18 @@ class Settings:
 
     ``gate_prompt_len`` tokens are prefilled for the model gate and ``greedy_steps`` tokens generated:
     32 is the paper-era upstream gate (xdna2.md "Numerical gates": greedy 32 tokens). Each optimization proposal
-    is gated with ``proposal_greedy_steps`` greedy tokens instead (plus every other check of the gate), because a
-    full-size model pays one pass over all its weights per token and phases 4-5 gate a dozen proposals; the
-    phase's own gate then runs all ``greedy_steps`` on the plan it keeps, and so does the evaluator. ``knowledge_dir``
-    holds the kernel registry and lessons shared between deployments (None: no sharing).
+    is gated with ``proposal_greedy_steps`` greedy tokens and the first ``proposal_kl_steps`` steps of the
+    teacher-forced KL instead (plus every other check of the gate), because a full-size model pays one pass over all
+    its weights per token and phases 4-5 gate a dozen proposals; the phase's own gate then runs all
+    ``greedy_steps`` and the full KL (``gates.thresholds.KL_STEPS``) on the plan it keeps, and so does the
+    evaluator; a kept plan that fails the full gate re-runs the phase with full checks for every proposal.
+    ``knowledge_dir`` holds the kernel registry and lessons shared between deployments (None: no sharing).
     """
 
     gate_prompt_len: int = 24
     greedy_steps: int = 32
     proposal_greedy_steps: int = 8
+    proposal_kl_steps: int = 8
     timing_prompt_len: int = TIMING_PROMPT_LEN
     kernel_tokens: int = 8
     seed: int = 0

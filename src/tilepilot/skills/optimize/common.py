@@ -132,8 +132,12 @@ def try_proposal(ctx: DeployContext, skill: str, stage: str, prop: Proposal) -> 
             row["decision"] = "rejected: kernel probe failed (" + "; ".join(bad) + ")"
         else:
             s = ctx.settings
-            steps = s.greedy_steps if ctx.full_proposal_gate else s.proposal_greedy_steps
-            report, _ = model_gate(ctx, prop.plan, greedy_steps=steps)
+            if ctx.full_proposal_gate:
+                report, _ = model_gate(ctx, prop.plan)
+            else:
+                report, _ = model_gate(
+                    ctx, prop.plan, greedy_steps=s.proposal_greedy_steps, kl_steps=s.proposal_kl_steps
+                )
             row["gate"] = "passed" if report.passed else "failed"
             if report.passed:
                 prop.plan.name = OPTIMIZED_PLAN_NAME

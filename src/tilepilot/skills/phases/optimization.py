@@ -63,11 +63,13 @@ class _OptimizationPhase(PhaseSkill):
         plan = ctx.workspace.plan
         report, evidence = model_gate(ctx, plan)
         s, first_pass = ctx.settings, None
-        if not report.passed and _applied(skills) and s.proposal_greedy_steps < s.greedy_steps:
-            # A kept change passed its short greedy check but the plan fails the full one: start the phase again
+        shortened = s.proposal_greedy_steps < s.greedy_steps or s.proposal_kl_steps < T.KL_STEPS
+        if not report.passed and _applied(skills) and shortened:
+            # A kept change passed its short checks but the plan fails the full ones: start the phase again
             # from its input plan with every proposal gated by the full check, so the culprit is rejected by name.
             ctx.workspace.journal.progress(
-                f"{self.name}: the kept plan fails the full {s.greedy_steps}-token gate "
+                f"{self.name}: the kept plan fails the full gate "
+                f"({s.greedy_steps} greedy tokens, {T.KL_STEPS} KL steps) "
                 f"({'; '.join(report.failures)}); re-running the phase with the full gate for every proposal"
             )
             ctx.workspace.save_plan(start)
