@@ -27,7 +27,7 @@ from tilepilot.npu.trace import Trace
 from tilepilot.plan.builtin import builtin_plan
 from tilepilot.runtime.dispatcher import CpuOpTimer, KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
-from tilepilot.runtime.timing import MetaWeights, time_plan
+from tilepilot.runtime.timing import GroupTime, MetaWeights, time_plan
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills import journal as J
 from tilepilot.skills import registry
@@ -177,6 +177,35 @@ def _plans(ws: Any) -> list[tuple[str, Any]]:
     return [("deployed", ws.plan)] + [(name, builtin_plan(name, ws.spec)) for name in BUILTIN_COMPARED]
 
 
+def stage_rows(groups: list[GroupTime]) -> dict[str, Any]:
+    """One stage's groups as report rows: each block group per layer, the head's groups (and host io) summed as
+    ``head_ms``, and a stage run as one dispatch per pass (``StagePlan.one_dispatch``, the timing's ``part="pass"``
+    group) as ``one_dispatch_ms`` (the whole pass: every layer and the head), ``None`` when the stage dispatches per
+    group. A one-dispatch pass holds the layers' and the head's launches, so counting it as head time would put the
+    whole decode step under the head."""
+    passes = [g for g in groups if g.part == "pass"]
+    return {
+        "block": [
+            {
+                "name": g.name,
+                "where": g.where,
+                "per_layer_ms": g.per_call_s * 1e3,
+                "dispatch_ms": g.dispatch_per_call_s * 1e3,
+                "sync_ms": (g.sync_s / g.calls * 1e3) if g.calls else 0.0,
+                "cpu_ms": (g.cpu_s / g.calls * 1e3) if g.calls else 0.0,
+                # the CPU group's wall clock on this machine (--cpu measured), beside the modeled cost
+                "cpu_measured_ms": (g.cpu_measured_s / g.calls * 1e3)
+                if g.calls and g.cpu_measured_s is not None
+                else None,
+            }
+            for g in groups
+            if g.part == "block"
+        ],
+        "head_ms": sum(g.total_s for g in groups if g.part in ("head", "host")) * 1e3,
+        "one_dispatch_ms": sum(g.total_s / g.calls for g in passes if g.calls) * 1e3 if passes else None,
+    }
+
+
 def plan_timings(ws: Any, prompt_len: int, cpu: str = "measured") -> tuple[Section, Section]:
     """Per-layer modeled time per kernel group for each compared plan, and every kernel instance of the
     deployed plan for the roofline. One dry run per plan through the production runner (``time_plan``)."""
@@ -196,28 +225,7 @@ def plan_timings(ws: Any, prompt_len: int, cpu: str = "measured") -> tuple[Secti
             continue
         if label == "deployed":
             deployed_lib = lib
-        stages = {}
-        for stage in ("prefill", "decode"):
-            groups = t.stage_groups(stage)
-            stages[stage] = {
-                "block": [
-                    {
-                        "name": g.name,
-                        "where": g.where,
-                        "per_layer_ms": g.per_call_s * 1e3,
-                        "dispatch_ms": g.dispatch_per_call_s * 1e3,
-                        "sync_ms": (g.sync_s / g.calls * 1e3) if g.calls else 0.0,
-                        "cpu_ms": (g.cpu_s / g.calls * 1e3) if g.calls else 0.0,
-                        # the CPU group's wall clock on this machine (--cpu measured), beside the modeled cost
-                        "cpu_measured_ms": (g.cpu_measured_s / g.calls * 1e3)
-                        if g.calls and g.cpu_measured_s is not None
-                        else None,
-                    }
-                    for g in groups
-                    if g.part == "block"
-                ],
-                "head_ms": sum(g.total_s for g in groups if g.part != "block") * 1e3,
-            }
+        stages = {stage: stage_rows(t.stage_groups(stage)) for stage in ("prefill", "decode")}
         plans.append(
             {
                 "label": label,

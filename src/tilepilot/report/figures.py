@@ -139,6 +139,16 @@ def trajectory(data: dict[str, Any]) -> str:
     return render("trajectory", draw)
 
 
+def _per_layer_bars(stage: dict[str, Any], n_layers: int) -> list[dict[str, Any]]:
+    """A stage's per-layer bar segments: its block groups, plus (a stage run as one dispatch per pass, whose groups
+    hold no dispatch of their own) the pass's time spread over the layers as one "one dispatch" segment."""
+    bars = list(stage["block"])
+    if stage.get("one_dispatch_ms") is not None:
+        ms = stage["one_dispatch_ms"] / max(1, n_layers)
+        bars.append({"name": "one dispatch (pass / layers)", "where": "npu", "per_layer_ms": ms})
+    return bars
+
+
 def per_layer(data: dict[str, Any]) -> str:
     """Stacked bars: modeled time per layer of each kernel group, for each compared plan, prefill and decode."""
 
@@ -146,14 +156,16 @@ def per_layer(data: dict[str, Any]) -> str:
         plans = [p for p in data["plans"] if "stages" in p]
         fig, axes = plt.subplots(2, 1, figsize=(10, 1.0 + 1.1 * len(plans) * 2))
         cmap = plt.get_cmap("tab20")
-        names = sorted({g["name"] for p in plans for st in p["stages"].values() for g in st["block"]})
+        rows = {(p["label"], stage): _per_layer_bars(p["stages"][stage], data["n_layers"]) for p in plans
+                for stage in ("prefill", "decode")}  # fmt: skip
+        names = sorted({g["name"] for bars in rows.values() for g in bars})
         color = {n: cmap(i % 20) for i, n in enumerate(names)}
         for ax, stage in zip(axes, ("prefill", "decode"), strict=True):
             for i, p in enumerate(plans):
                 y = len(plans) - 1 - i
                 left = 0.0
-                total = sum(g["per_layer_ms"] for g in p["stages"][stage]["block"])
-                for g in p["stages"][stage]["block"]:
+                total = sum(g["per_layer_ms"] for g in rows[(p["label"], stage)])
+                for g in rows[(p["label"], stage)]:
                     w = g["per_layer_ms"]
                     hatch = "//" if g["where"] == "cpu" else None
                     ax.barh(
@@ -165,7 +177,7 @@ def per_layer(data: dict[str, Any]) -> str:
                 ax.text(left, y, f"  {total:.3g} ms", va="center", fontsize=8)
             ax.set_yticks(range(len(plans)))
             ax.set_yticklabels([f"{p['label']} ({p['dispatches_per_layer'][stage]} disp.)" for p in reversed(plans)])
-            ax.set_xlim(0, max(sum(g["per_layer_ms"] for g in p["stages"][stage]["block"]) for p in plans) * 1.18)
+            ax.set_xlim(0, max(sum(g["per_layer_ms"] for g in rows[(p["label"], stage)]) for p in plans) * 1.18)
             where = f"prompt {data['prompt_len']} tokens" if stage == "prefill" else f"context {data['prompt_len']}"
             ax.set_xlabel(f"ms per layer ({where}), modeled; hatched = CPU group")
             ax.set_title(f"{stage}: per-layer time by kernel group — modeled, same timing model for every plan")

@@ -106,7 +106,11 @@ this machine); host times and gate numerics are <strong>measured</strong>.</p>
 <td>{{ "%.3f"|format(g.sync_ms) }}</td><td>{{ "%.3f"|format(g.cpu_ms) }}</td>
 <td>{{ "%.3f"|format(g.cpu_measured_ms) if g.cpu_measured_ms is not none else "" }}</td></tr>
 {% endfor %}<tr><td>{{ p.label }}</td><td>{{ stage }}</td><td>head + host io (whole pass)</td><td></td>
-<td>{{ "%.3f"|format(st.head_ms) }}</td><td></td><td></td><td></td><td></td></tr>{% endfor %}{% endfor %}
+<td>{{ "%.3f"|format(st.head_ms) }}</td><td></td><td></td><td></td><td></td></tr>
+{% if st.one_dispatch_ms is not none %}<tr><td>{{ p.label }}</td><td>{{ stage }}</td>
+<td>one dispatch per pass (every layer + head, ms per pass)</td><td>npu</td>
+<td>{{ "%.3f"|format(st.one_dispatch_ms) }}</td><td>{{ "%.3f"|format(st.one_dispatch_ms) }}</td>
+<td></td><td></td><td></td></tr>{% endif %}{% endfor %}{% endfor %}
 </table>
 </details>
 {% endif %}
