@@ -108,3 +108,29 @@ def test_default_configs_are_legal_candidates():
         cfg = rn.default_config(shape)
         assert cfg in rn.candidate_configs(shape)
         assert validate(rn.make_design(shape, cfg)) == []
+
+
+def test_fp16_sum_of_squares_zeroes_a_row_with_one_massive_channel():
+    """``acc="fp16"``: a row carrying one massive channel (SmolLM2-135M's channel 507 reaches |x| ~ 650 at the first
+    token; its square alone passes fp16's 65504) overflows, 1/sqrt(Inf) is 0 and the row is written as zeros; the
+    other rows stay within an fp16 rounding of the fp32 kernel, so unit-scale inputs cannot tell the two apart."""
+    shape = rn.Shape(6, 576)
+    ins = inputs(shape, seed=11)
+    ins["x"][0, 507] = 650.0
+    good = rn.make_design(shape, rn.Config(tiles=2, rows_per_call=3))
+    narrow = rn.make_design(shape, rn.Config(tiles=2, rows_per_call=3, acc="fp16"))
+    assert validate(narrow) == [] and "sum_squares:fp16" in narrow.numerics.rounding_points
+    y = run_fast(narrow, ins)["y"]
+    assert torch.equal(run_tile(narrow, ins)["y"], y)
+    ref = rn.reference(ins, shape)["y"]
+    assert torch.count_nonzero(y[0]) == 0 and torch.count_nonzero(run_fast(good, ins)["y"][0]) > 0
+    kernel_gate("rmsnorm", ref[1:], y[1:])  # every other row passes the kernel gate
+    assert (y[1:].float() - ref[1:]).abs().max() <= 0.02 * ref[1:].abs().max()
+
+
+def test_fp16_accumulator_is_never_a_default_or_candidate():
+    for shape in (rn.Shape(24, 576), rn.Shape(1, 576), rn.Shape(24, 64, heads=9)):
+        assert rn.default_config(shape).acc == "fp32"
+        assert {c.acc for c in rn.candidate_configs(shape)} == {"fp32"}
+    with pytest.raises(DesignError, match="accumulator"):
+        rn.make_design(rn.Shape(4, 64), rn.Config(tiles=1, acc="bf16"))

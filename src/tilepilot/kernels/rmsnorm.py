@@ -16,6 +16,12 @@ and rounded to fp32 (a correctly rounded fp32 rsqrt: the hardware's approximatio
 the per-kernel gate against the FP32 op must tolerate); then ``(x * inv) * weight`` in fp32 and one
 round-to-nearest-even to bf16. Unlike Hugging Face's bf16 module, x * inv is not rounded to bf16 before
 the weight multiply. The fast path computes exactly this at tensor level, so production == exact.
+
+``Config.acc="fp16"`` is the mistake of a kernel written for fp16 activations: the squares are rounded to fp16
+and summed in fp16 vector lanes. A row whose sum of squares exceeds 65504 (one massive channel of a trained
+model's residual stream, e.g. SmolLM2-135M's channel 507 at the first token, |x| ~ 650 from layer 2 on, whose
+square alone is 4.2e5) overflows to Inf, 1/sqrt(Inf) is 0 and the whole row is written as zeros; every other row
+stays within one fp16 rounding of the fp32 kernel, so unit-scale probes pass it. Never a default or a candidate.
 """
 
 from __future__ import annotations
@@ -34,8 +40,13 @@ from tilepilot.oracle import ops
 
 FAMILY = "rmsnorm"
 VARIANTS = rw.VARIANTS
+# Sum-of-squares accumulators: "fp32" (exact squares, one rounding) is every default and candidate; "fp16" is the
+# narrow accumulator of a kernel written for fp16 (module docstring).
+ACCUMULATORS = ("fp32", "fp16")
+# fp16 vector lanes the "fp16" accumulator sums in before its lane reduction (a 512-bit AIE-ML vector of fp16).
+FP16_LANES = 32
 # Config fields with named choices (what a debug skill may switch one at a time).
-OPTIONS = {"variant": VARIANTS}
+OPTIONS = {"variant": VARIANTS, "acc": ACCUMULATORS}
 # ESTIMATE of fp32 vector operations per element: square-accumulate, scale by 1/rms, weight multiply, bf16
 # convert. Per row: a lane reduction and one rsqrt (~32 ops, an AIE rsqrt is a short Newton iteration).
 OPS_PER_ELEMENT = 4
@@ -52,7 +63,10 @@ class Shape:
 
 @dataclass(frozen=True)
 class Config(rw.RowConfig):
-    """Work rows (tokens x heads) streamed through ``tiles`` workers (``rowwise.RowConfig``)."""
+    """Work rows (tokens x heads) streamed through ``tiles`` workers (``rowwise.RowConfig``); ``acc`` is the
+    type the sum of squares accumulates in (``ACCUMULATORS``)."""
+
+    acc: str = "fp32"
 
 
 def work_rows(shape: Shape) -> int:
@@ -68,24 +82,47 @@ def _local(config: Config) -> int:
     return 4 * config.rows_per_call  # fp32 sums of squares of the rows in flight
 
 
-def normalize_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def fp16_sum_squares(x: torch.Tensor) -> torch.Tensor:
+    """Sum of squares of [n, width] bf16 rows as an fp16 kernel computes it: each square rounded to fp16, added into
+    ``FP16_LANES`` fp16 lanes (a zero-padded last vector), then the lanes halved pairwise in fp16; returned in fp32.
+    Squares are non-negative, so a row overflows to Inf exactly when a partial sum passes 65504."""
+    n, width = x.shape
+    sq = x.to(torch.float32).square().to(torch.float16)
+    pad = -width % FP16_LANES
+    if pad:
+        sq = torch.cat([sq, sq.new_zeros(n, pad)], dim=1)
+    vectors = sq.reshape(n, -1, FP16_LANES)
+    acc = vectors[:, 0]
+    for i in range(1, vectors.shape[1]):
+        acc = acc + vectors[:, i]  # fp16 + fp16, rounded to fp16 (Inf past 65504)
+    while acc.shape[1] > 1:
+        half = acc.shape[1] // 2
+        acc = acc[:, :half] + acc[:, half:]
+    return acc[:, 0].to(torch.float32)
+
+
+def normalize_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: str = "fp32") -> torch.Tensor:
     """The kernel's arithmetic on [n, width] bf16 rows (tile path per object, fast path on all rows)."""
     xf = x.to(torch.float32)
-    ms = (x.to(torch.float64).square().sum(-1) / x.shape[-1]).to(torch.float32)
+    if acc == "fp16":
+        ms = fp16_sum_squares(x) / x.shape[-1]
+    else:
+        ms = (x.to(torch.float64).square().sum(-1) / x.shape[-1]).to(torch.float32)
     inv = torch.rsqrt(ms.to(torch.float64) + eps).to(torch.float32)
     return nx.round_bf16((xf * inv[:, None]) * weight.to(torch.float32))
 
 
 def _kernel(shape: Shape, config: Config) -> TileKernel:
-    eps = shape.eps
+    eps, acc = shape.eps, config.acc
 
     def rmsnorm_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         x, w = ins
-        outs[0].copy_(normalize_rows(x, w, eps))
+        outs[0].copy_(normalize_rows(x, w, eps, acc))
 
     rpc, w = config.rows_per_call, shape.width
+    suffix = "" if acc == "fp32" else f"_{acc}acc"
     return TileKernel(
-        name=f"rmsnorm_{config.variant}_{w}",
+        name=f"rmsnorm_{config.variant}_{w}{suffix}",
         fn=rmsnorm_tile,
         variant=config.variant,
         vector_ops_per_call=rpc * (w * OPS_PER_ELEMENT + OPS_PER_ROW),
@@ -96,6 +133,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
 
 def _check(shape: Shape, config: Config, device: Device) -> None:
     rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
+    rw.check_choice(FAMILY, "accumulator", config.acc, ACCUMULATORS)
     if min(shape.rows, shape.width, shape.heads) < 1 or shape.eps < 0:
         raise st.shape_error(FAMILY, f"shape {shape} has an empty dimension or a negative eps")
     if shape.width % 2:
@@ -125,19 +163,24 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         streams_out=[y],
         kernel=_kernel(shape, config),
         local_bytes=_local(config),
-        numerics=nx.Numerics(
-            "bf16", "fp32", None, "bf16", ("sum_squares:exact->fp32", "rsqrt:fp32", "scale_weight:fp32", "output:bf16")
-        ),
-        fast=_fast(shape),
+        numerics=_numerics(config),
+        fast=_fast(shape, config.acc),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, shape.rows * cols)
     return design
 
 
-def _fast(shape: Shape):
+def _numerics(config: Config) -> nx.Numerics:
+    """The declared numerics; ``accumulate`` names the K accumulator of a reduction kernel (fp32 here: the
+    normalization itself), so an fp16 sum of squares shows as its own rounding point."""
+    squares = "sum_squares:exact->fp32" if config.acc == "fp32" else "sum_squares:fp16"
+    return nx.Numerics("bf16", "fp32", None, "bf16", (squares, "rsqrt:fp32", "scale_weight:fp32", "output:bf16"))
+
+
+def _fast(shape: Shape, acc: str = "fp32"):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
         x = inputs["x"]
-        y = normalize_rows(x.reshape(-1, shape.width), inputs["w"], shape.eps)
+        y = normalize_rows(x.reshape(-1, shape.width), inputs["w"], shape.eps, acc)
         return {"y": y.reshape(x.shape)}
 
     return fast

@@ -24,11 +24,11 @@ MAX_CANDIDATES = 24
 
 WS_INPUT = SkillInput("workspace", "the deployment workspace whose phase failed with this skill's signature")
 # Config values that compute in a narrower type than the family's full-precision design (block-FP16 operands, bf16
-# partial sums, a narrow output store, bf16 RoPE angles). A repair never picks one: it must not trade a fault for a
-# quieter precision loss.
+# partial sums, an fp16 sum of squares, a narrow output store, bf16 RoPE angles). A repair never picks one: it must
+# not trade a fault for a quieter precision loss.
 REDUCED_NUMERICS: dict[str, tuple[str, ...]] = {
     "variant": ("bfp16",),
-    "acc": ("bf16",),
+    "acc": ("bf16", "fp16"),
     "store": tuple(s for s in rowwise.STORES if s != "bf16"),
     "angles": ("bf16",),
 }
