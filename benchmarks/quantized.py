@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.harness.quant_quality import quantization_quality
+from tilepilot.kernels.bind import MergedLinear
 from tilepilot.kernels.registry import family
 from tilepilot.kernels.tuning import tune
 from tilepilot.model.checkpoint import load_checkpoint
@@ -44,6 +45,7 @@ from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
+from tilepilot.plan.merge import merged_stage
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
@@ -82,15 +84,20 @@ def smollm2_spec() -> ModelSpec | None:
 
 
 def tuned(plan: DeploymentPlan, spec: ModelSpec) -> DeploymentPlan:
-    """Every decode projection at the tile tuner's best config (modeled), the format's fields kept."""
+    """Every decode projection at the tile tuner's best config (modeled), the format's fields kept; a multi-matrix
+    launch (``KernelGroup.merged``) is tuned at its merged shape."""
     graph = block_graph(spec)
     for g in plan.decode.groups():
+        first = {m[0]: m for m in g.merged}
+        served = {o for m in g.merged for o in m[1:]}
         for c in g.calls:
-            if c.family not in ("gemv", "qgemv"):
+            if c.family not in ("gemv", "qgemv") or c.op in served:
                 continue
             node = graph.node(c.op)
             n, k = weight_shape(spec, node.weights[0] if node.kind == "linear" else "lm_head")
-            if c.family == "gemv":
+            if c.op in first:
+                shape = MergedLinear(tuple(graph.node(o) for o in first[c.op])).shape(c.family, spec, 1, c.config)
+            elif c.family == "gemv":
                 shape = family("gemv").Shape(n=n, k=k, m=1)
             else:
                 shape = family("qgemv").Shape(n=n, k=k, m=1, fmt=c.config["fmt"], block=c.config["block"])
@@ -99,10 +106,12 @@ def tuned(plan: DeploymentPlan, spec: ModelSpec) -> DeploymentPlan:
 
 
 def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill: bool) -> DeploymentPlan:
-    """The plan structure the decode phase's skills reach, at weight format ``fmt``."""
+    """The plan structure the decode phase's skills reach, at weight format ``fmt``: one dispatch, windowed KV
+    readback, and (quantized formats) the multi-matrix launches of ``multi-matrix-launches``."""
     plan = with_weights(paper_like_plan(spec), fmt, packed_prefill=packed_prefill)
     plan = fused_stage(plan)
     plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
+    plan = merged_stage(plan) or plan
     plan.name = f"tilepilot-{label}"
     return tuned(plan, spec)
 
@@ -188,7 +197,9 @@ def render(data: dict[str, Any]) -> str:
         "",
         "Plans: **tilepilot-FMT** = the paper's prefill grouping, decode attention and LM head on the NPU, the decode "
         "step in one dispatch with a windowed KV readback, decode projections tile-tuned (same search for every "
-        "format), quantized prefill as packed `qgemm` or bf16 GEMMs over dequantized weights, whichever is faster. "
+        "format), in the quantized formats Q/K/V and gate/up as one multi-matrix `qgemv` launch each "
+        "(`multi-matrix-launches`; the bf16 GEMV has no multi-matrix form yet, so the bf16 rows keep separate "
+        "launches), quantized prefill as packed `qgemm` or bf16 GEMMs over dequantized weights, whichever is faster. "
         "**air-q4** = the built-in plan of AIR's Q4NX deployment (q4_1, 2 weight channels, 4 compute rows). "
         "Embeddings and the LM head stay bf16 in every quantized plan.",
         "",

@@ -86,3 +86,38 @@ def test_several_compute_rows_share_a_columns_stream_and_relieve_the_decode_boun
     assert {c.rows for c in qgemv.candidate_configs(shape)} == {1, 2, 4}
     with pytest.raises(DesignError):  # 3 rows cannot share 2 channels evenly
         qgemv.make_design(shape, qgemv.Config(4, 8, 1024, 2, 2, rows=3))
+
+
+MERGED = [
+    (qgemv.Shape(128, 128, 1, "q4_0", 32, (64, 32, 32)), qgemv.Config(2, 4, 64, fmt="q4_0", rows=2)),
+    (qgemv.Shape(96, 64, 2, "q4_1", 32, (64, 32)), qgemv.Config(2, 8, 64, 2, 2, "q4_1", rows=2)),
+    (qgemv.Shape(64, 128, 1, "q8_0", 32, (32, 32)), qgemv.Config(2, 4, 64, 1, 1, "q8_0")),
+]
+
+
+@pytest.mark.parametrize(("shape", "config"), MERGED, ids=lambda v: str(v))
+def test_a_multi_matrix_launch_is_the_separate_launches_bit_for_bit(shape, config):
+    """Q/K/V (or gate/up) as one launch: one x stream, each matrix's rows drained to its own output; the tile path,
+    the fast path and the separate one-matrix launches give the same bits, and it is one legal design."""
+    design = qgemv.make_design(shape, config)
+    assert validate(design) == []
+    x = rand_bf16(shape.m, shape.k, seed=3)
+    ins, singles = {"x": x}, {}
+    for j, nj in enumerate(shape.parts):
+        qt = quantize(rand_bf16(nj, shape.k, seed=10 + j, scale=0.05), shape.fmt, shape.block)
+        ins[f"w{j}"] = qt.data
+        one = qgemv.make_design(qgemv.Shape(nj, shape.k, shape.m, shape.fmt, shape.block), config)
+        singles[f"y{j}"] = run_fast(one, {"x": x, "w": qt.data}, exact=True)["y"]
+    tile = run_tile(design, ins)
+    exact = run_fast(design, ins, exact=True)
+    assert set(tile) == set(singles) == set(exact)
+    for name, y in singles.items():
+        assert torch.equal(tile[name], y) and torch.equal(exact[name], y)
+    assert design.meta["weight_bytes"] == sum(ins[f"w{j}"].numel() for j in range(len(shape.parts)))
+
+
+def test_a_multi_matrix_launch_is_refused_when_a_matrix_does_not_tile():
+    with pytest.raises(DesignError, match="N=40"):
+        qgemv.make_design(qgemv.Shape(104, 64, 1, "q4_0", 32, (64, 40)), qgemv.Config(2, 8, 64, fmt="q4_0"))
+    with pytest.raises(DesignError, match="parts"):
+        qgemv.make_design(qgemv.Shape(100, 64, 1, "q4_0", 32, (64, 32)), qgemv.Config(2, 8, 64, fmt="q4_0"))

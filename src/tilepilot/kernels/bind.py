@@ -107,6 +107,30 @@ def _qgemm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return mod.crop_outputs(design, design.fast(ins))["c"]
 
 
+@dataclass(frozen=True)
+class MergedLinear:
+    """One multi-matrix launch serving several linear ops that read the same input (``KernelGroup.merged``): its
+    family shape concatenates the matrices' output rows (``Shape.parts``), ``run`` returns each op's output."""
+
+    members: tuple[OpNode, ...]
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        if family != "qgemv":
+            raise ConfigError(f"ops {[n.op for n in self.members]} cannot share a {family} launch; only qgemv merges")
+        dims = [_linear_dims(n, spec) for n in self.members]
+        if len({k for _, k in dims}) != 1:
+            raise ConfigError(f"ops {[n.op for n in self.members]} have different input widths; they cannot merge")
+        parts = tuple(n for n, _ in dims)
+        return family_module("qgemv").Shape(
+            n=sum(parts), k=dims[0][1], m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32),
+            parts=parts,
+        )  # fmt: skip
+
+    def run(self, design: Any, x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = design.fast({"x": x, **{f"w{j}": w for j, w in enumerate(weights)}})
+        return [out[f"y{j}"] for j in range(len(weights))]
+
+
 # ---- residual add ---------------------------------------------------------------------------------------------------
 def _add_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     return family_module("eltwise").Shape(n=rows * node.width, op="add")

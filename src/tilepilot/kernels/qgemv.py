@@ -43,11 +43,25 @@ DEQUANT_OPS = {"q4_0": 3, "q4_1": 4, "q8_0": 2}
 
 @dataclass(frozen=True)
 class Shape:
+    """``parts``: a multi-matrix launch (e.g. Q/K/V, gate/up: matrices reading the same x), the output rows of each
+    matrix, summing to ``n``; empty = one matrix of ``n`` rows (tensors ``w``/``y``; parts: ``w0``.. / ``y0``..)."""
+
     n: int
     k: int
     m: int = 1
     fmt: str = "q4_0"
     block: int = 32
+    parts: tuple[int, ...] = ()
+
+    def matrices(self) -> tuple[int, ...]:
+        return self.parts or (self.n,)
+
+
+def tensor_names(shape: Shape) -> list[tuple[str, str]]:
+    """(weight input, output) DDR tensor names of each matrix of the launch, in order."""
+    if not shape.parts:
+        return [("w", "y")]
+    return [(f"w{j}", f"y{j}") for j in range(len(shape.parts))]
 
 
 @dataclass(frozen=True)
@@ -105,11 +119,13 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"{config.rows} compute rows per column do not fit {device.name}; use 1..4")
     if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
         raise _err(f"config {config} does not fit {device.name}")
-    if shape.n % (config.cols * config.rows * config.tile_m):
-        raise _err(
-            f"N={shape.n} does not split into {config.cols} columns x {config.rows} rows x blocks of "
-            f"{config.tile_m} rows"
-        )
+    if shape.parts and (sum(shape.parts) != shape.n or min(shape.parts) < 1 or len(shape.parts) < 2):
+        raise _err(f"parts {shape.parts} must be two or more matrices whose rows sum to N={shape.n}")
+    for n in shape.matrices():
+        if n % (config.cols * config.rows * config.tile_m):
+            raise _err(
+                f"N={n} does not split into {config.cols} columns x {config.rows} rows x blocks of {config.tile_m} rows"
+            )
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -150,9 +166,10 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     n, k = shape.n, shape.k
     rb = k // shape.block * block_bytes(shape.fmt, shape.block)  # packed bytes per weight row
     cb = chunk_bytes(shape, tk)
-    per_col = n // cols
     block = rows * tm  # output rows a column produces per iteration
-    iters, ksteps = per_col // block, k // tk
+    ksteps = k // tk
+    # every matrix of the launch is cut by columns alike; a column's workers run its share of each in turn
+    iters = sum(nj // cols // block for nj in shape.matrices())
     x_shim = Tile(0 if ch == 1 else cols, SHIM_ROW)
     fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=x_shim)]
     workers = []
@@ -197,24 +214,31 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
                 )
             )
     rt = Runtime()
-    for group, i0 in enumerate(range(0, iters, TAP_MAX_REPEAT)):
-        nb = min(TAP_MAX_REPEAT, iters - i0)
-        for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
-            rt.fill("x", "x", tap, group)
-        for c in range(cols):
-            for j in range(ch):
-                w_off = (c * per_col + i0 * block + j * sub) * rb
-                for tap in stream_taps((n, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], "uint8"):
-                    rt.fill(f"w_{c}_{j}", "w", tap, group)
-            y_off = c * per_col + i0 * block
-            y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
-            for tap in stream_taps((m, n), y_off, [nb, rows, m, tm], [block, tm, n, 1]):
-                rt.drain(y_fifo, "y", tap, group)
+    group = 0
+    for nj, (w_t, y_t) in zip(shape.matrices(), tensor_names(shape), strict=True):
+        per_col = nj // cols
+        for i0 in range(0, per_col // block, TAP_MAX_REPEAT):
+            nb = min(TAP_MAX_REPEAT, per_col // block - i0)
+            for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
+                rt.fill("x", "x", tap, group)
+            for c in range(cols):
+                for j in range(ch):
+                    w_off = (c * per_col + i0 * block + j * sub) * rb
+                    for tap in stream_taps((nj, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], "uint8"):
+                        rt.fill(f"w_{c}_{j}", w_t, tap, group)
+                y_off = c * per_col + i0 * block
+                y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
+                for tap in stream_taps((m, nj), y_off, [nb, rows, m, tm], [block, tm, nj, 1]):
+                    rt.drain(y_fifo, y_t, tap, group)
+            group += 1
+    names = tensor_names(shape)
+    suffix = "_parts" + "_".join(map(str, shape.parts)) if shape.parts else ""
     design = Design(
-        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}",
+        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{suffix}",
         device=device,
-        inputs=[TensorSpec("x", (m, k)), TensorSpec("w", (n, rb), "uint8")],
-        outputs=[TensorSpec("y", (m, n))],
+        inputs=[TensorSpec("x", (m, k))]
+        + [TensorSpec(w_t, (nj, rb), "uint8") for nj, (w_t, _) in zip(shape.matrices(), names, strict=True)],
+        outputs=[TensorSpec(y_t, (m, nj)) for nj, (_, y_t) in zip(shape.matrices(), names, strict=True)],
         fifos=fifos,
         links=links,
         workers=workers,
@@ -238,9 +262,15 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
 
 
 def _fast(shape: Shape, config: Config):
+    """Each matrix of the launch as its own GEMV: the rows of a multi-matrix launch are computed exactly as the
+    separate launches compute them (same K chunks, same roundings), so merging launches changes no bit."""
+
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        w = dequantize_packed(inputs["w"], shape.fmt, shape.block).to(torch.bfloat16)
-        return {"y": nx.matmul(inputs["x"], w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)}
+        out = {}
+        for w_t, y_t in tensor_names(shape):
+            w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
+            out[y_t] = nx.matmul(inputs["x"], w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
+        return out
 
     return fast
 
@@ -248,8 +278,11 @@ def _fast(shape: Shape, config: Config):
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
     """FP32 y = x @ deployed(W)^T (the dequantized weights rounded to bf16, as the deployment defines them)."""
     shape = shape or Shape(1, 1)
-    w = dequantize_packed(inputs["w"], shape.fmt, shape.block).to(torch.bfloat16)
-    return {"y": linear(inputs["x"], w)}
+    out = {}
+    for w_t, y_t in tensor_names(shape):
+        w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
+        out[y_t] = linear(inputs["x"], w)
+    return out
 
 
 fits = tile_fits(_check, l1_bytes)

@@ -55,13 +55,23 @@ class KernelCall:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+# families whose launch may serve several ops of a group (``KernelGroup.merged``): one multi-matrix GEMV over
+# matrices that read the same input (kernels/qgemv.py ``Shape.parts``)
+MERGEABLE_FAMILIES = ("qgemv",)
+
+
 @dataclass
 class KernelGroup:
-    """One dispatch (a multi-launch group) on the NPU, or one host step on the CPU."""
+    """One dispatch (a multi-launch group) on the NPU, or one host step on the CPU.
+
+    ``merged``: runs of the group's ops that one launch serves (e.g. ``["q_proj", "k_proj", "v_proj"]``): linear ops
+    of one mergeable family reading the same input, run as one multi-matrix launch at the first op's place with the
+    first op's config (one x stream, one design switch instead of several)."""
 
     name: str
     calls: list[KernelCall]
     where: str = "npu"
+    merged: list[list[str]] = field(default_factory=list)
 
     @property
     def ops(self) -> list[str]:
@@ -218,6 +228,7 @@ def _stage_from_dict(d: dict[str, Any]) -> StagePlan:
                 name=str(g["name"]),
                 calls=[KernelCall(c["op"], _family(c["family"]), dict(c.get("config", {}))) for c in g["calls"]],
                 where=str(g.get("where", "npu")),
+                merged=[[str(o) for o in m] for m in g.get("merged", [])],
             )
             for g in items
         ]
@@ -299,6 +310,35 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                         problems.append(f"{where} op {c.op} uses {c.family} but the plan's weights are bf16")
                     if not isinstance(c.config, dict):
                         problems.append(f"{where} op {c.op} has a non-object config")
+                problems += merge_problems(g, graph, where)
+    return problems
+
+
+def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
+    """Why the group's ``merged`` runs cannot be one launch each (empty = they can): two or more of the group's NPU
+    linear ops, each in one run, of one mergeable family and config format, all reading the same input."""
+    problems: list[str] = []
+    calls = {c.op: c for c in g.calls}
+    seen: set[str] = set()
+    for m in g.merged:
+        what = f"{where} group {g.name} merge {m}"
+        if len(m) < 2 or len(set(m)) != len(m):
+            problems.append(f"{what} must name two or more distinct ops")
+            continue
+        if g.where != "npu" or any(o not in calls for o in m):
+            problems.append(f"{what} names ops outside this NPU group; merge only ops of one dispatch")
+            continue
+        if seen & set(m):
+            problems.append(f"{what} repeats ops of another merge; an op runs in one launch")
+        seen |= set(m)
+        nodes = [graph.node(o) for o in m]
+        fams = {calls[o].family for o in m}
+        if any(n.kind != "linear" for n in nodes) or len(fams) != 1 or not fams <= set(MERGEABLE_FAMILIES):
+            problems.append(f"{what} must be linear ops of one family among {MERGEABLE_FAMILIES}, got {sorted(fams)}")
+        elif len({(calls[o].config.get("fmt"), calls[o].config.get("block")) for o in m}) != 1:
+            problems.append(f"{what} mixes weight formats; one launch decodes one format")
+        if len({tuple(n.inputs) for n in nodes}) != 1:
+            problems.append(f"{what} reads different inputs; a multi-matrix launch streams one x")
     return problems
 
 

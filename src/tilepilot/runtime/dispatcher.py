@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tilepilot.kernels.bind import binding, family_module, make_config
+from tilepilot.kernels.bind import MergedLinear, binding, family_module, make_config
 from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
@@ -342,9 +342,19 @@ class Dispatcher:
         nodes = [self.graph.node(c.op) for c in g.calls]
         calls: list[tuple[OpNode, Any, Any]] = []
         keys: list[Any] = []
+        merged = {m[0]: MergedLinear(tuple(self.graph.node(o) for o in m)) for m in g.merged}
+        served = {o for m in g.merged for o in m[1:]}  # computed by their run's first op's launch
         for call, node in zip(g.calls, nodes, strict=True):
             if node.kind == "kv_write":
                 calls.append((node, None, None))
+                continue
+            if call.op in served:
+                continue
+            if call.op in merged:
+                shape = merged[call.op].shape(call.family, self.spec, p.rows, call.config)
+                key, design = self.library.design(call.family, shape, call.config)
+                keys.append(key)
+                calls.append((node, merged[call.op], design))
                 continue
             key, design = self.library.design(call.family, self._shape(node, call, p), call.config)
             keys.append(self._timed_key(node, call, p, key))
@@ -376,6 +386,17 @@ class Dispatcher:
                     kv.cache.write(layer, k, v)
                 kv.side[layer] = "npu"
                 internal[KV_STATE] = k
+                continue
+            if isinstance(bound, MergedLinear):
+                x = value(node.inputs[0])
+                ws = [self.pool.weight_view(weights[n.weights[0]]) for n in bound.members]
+                if p.dry:
+                    outs = [torch.empty(p.rows, n.width, dtype=BF16, device=META) for n in bound.members]
+                else:
+                    outs = bound.run(design, x, ws)
+                for n, o in zip(bound.members, outs, strict=True):
+                    internal[n.output] = o
+                    produced.append(n.output)
                 continue
             args: dict[str, Any] = {"_w": node.weights}
             if node.kind == "attention":

@@ -34,6 +34,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.fusion", "MergeLaunches"),
     ("tilepilot.skills.optimize.decode", "OneDispatchDecode"),
     ("tilepilot.skills.optimize.decode", "WindowedKvReadback"),
+    ("tilepilot.skills.optimize.decode", "MultiMatrixLaunches"),
     ("tilepilot.skills.optimize.weights", "DequantizedPrefill"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),

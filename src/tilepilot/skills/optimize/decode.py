@@ -5,7 +5,7 @@ host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch p
 "AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
 fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
 skips the masked ones); AIR then built a template per window so the readback matches the context
-(53.0 -> 58.6 tok/s). Two skills, tried in this order by the decode phase:
+(53.0 -> 58.6 tok/s). Three skills, tried in this order by the decode phase:
 
 - ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
   (``StagePlan.one_dispatch``),
@@ -17,7 +17,11 @@ skips the masked ones); AIR then built a template per window so the readback mat
 - ``windowed-kv-readback``: a fused decode's readback templates become a ladder of windows (``KV_WINDOW_STEP``
   rows apart), so each token streams only the KV blocks of the smallest window holding its context.
 
-Both are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
+- ``multi-matrix-launches``: the linear ops of a group that read the same input (Q/K/V, gate/up) as one
+  multi-matrix quantized GEMV launch each (``plan.merge.merged_stage``): one design switch and one x stream instead
+  of several, bit-identical outputs.
+
+All are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
 prefill is not slower and the model gate passes; every attempt is a row of ``perf_opt_traj.md`` with its before/after
 figures.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
+from tilepilot.plan.merge import merged_stage
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -86,3 +91,29 @@ class WindowedKvReadback(PlanOptimization):
         new = clone(ctx.plan)
         new.stage(stage).kv_windows = ladder
         yield Proposal(new, f"{stage}: KV readback templates every {KV_WINDOW_STEP} rows up to {max(ladder)}")
+
+
+class MultiMatrixLaunches(PlanOptimization):
+    name = "multi-matrix-launches"
+    description = (
+        "Runs the quantized projections of a group that read the same input (Q/K/V, gate/up) as one multi-matrix "
+        "GEMV launch each: one x stream past all of their packed weights, each matrix's rows drained to its own "
+        "output. Use when a decode group launches several quantized GEMVs over one activation."
+    )
+    purpose = (
+        "Removes a design switch and the tile configuration of every launch it merges (inside a one-dispatch decode "
+        "these switches are most of what is not weight streaming); the outputs are bit-identical."
+    )
+    commands = ("tilepilot skills run multi-matrix-launches WORKSPACE --json",)
+    gate_text = _GATE
+    inputs = (_WS,)
+    failure_modes = (
+        "A merged shape no config tiles (a matrix's rows not a multiple of columns x rows x tile_m) is left unmerged.",
+    )
+    stages = ("decode",)
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        new = merged_stage(ctx.plan, stage)
+        if new is not None:
+            runs = [m for g in new.stage(stage).groups() for m in g.merged]
+            yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")

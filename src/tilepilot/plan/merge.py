@@ -1,0 +1,88 @@
+"""Multi-matrix launches: the linear ops of a group that read the same input (Q/K/V, gate/up) as one launch each.
+
+A fused decode step is bounded by its launches: each launch inside the one dispatch costs a design switch and the
+configuration of its tiles (``npu.timing.time_group``), and per token Llama-3.2-1B runs 15 launches per layer. Q, K
+and V read the same normed activations, as gate and up do, so one quantized GEMV can stream all of their packed
+weights past one x broadcast and drain each matrix's rows to its own output (``kernels/qgemv.py`` ``Shape.parts``),
+bit-identical to the separate launches. ``merged_stage`` marks those runs (``KernelGroup.merged``) and gives each
+run's first op a config the merged shape tiles (the first op's own if it does, else the family default keeping its
+columns, weight channels and compute rows, else the plain default). The ``multi-matrix-launches`` decode skill
+proposes it and keeps it only when faster and correct.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+from typing import Any
+
+from tilepilot.kernels.bind import MergedLinear, make_config
+from tilepilot.kernels.registry import family
+from tilepilot.model.graph import block_graph
+from tilepilot.model.spec import ModelSpec
+from tilepilot.npu.validate import DesignError
+from tilepilot.plan.plan import MERGEABLE_FAMILIES, DeploymentPlan, KernelGroup
+
+
+def merge_runs(spec: ModelSpec, group: KernelGroup) -> list[list[str]]:
+    """The runs of ``group``'s NPU linear ops that one launch could serve: same mergeable family and weight format,
+    same input value, two or more ops (in the group's order)."""
+    if group.where != "npu":
+        return []
+    graph = block_graph(spec)
+    runs: dict[tuple, list[str]] = {}
+    for c in group.calls:
+        node = graph.node(c.op)
+        if node.kind == "linear" and c.family in MERGEABLE_FAMILIES:
+            key = (tuple(node.inputs), c.family, c.config.get("fmt"), c.config.get("block"))
+            runs.setdefault(key, []).append(c.op)
+    return [ops for ops in runs.values() if len(ops) >= 2]
+
+
+def _legal(fam: str, shape: Any, config: dict[str, Any]) -> bool:
+    mod = family(fam)
+    try:
+        mod.make_design(shape, make_config(mod, shape, config))
+    except DesignError:
+        return False
+    return True
+
+
+def merged_config(spec: ModelSpec, group: KernelGroup, run: list[str], rows: int = 1) -> dict[str, Any]:
+    """A config of the run's first op that tiles the merged shape (see the module docstring)."""
+    graph = block_graph(spec)
+    first = next(c for c in group.calls if c.op == run[0])
+    shape = MergedLinear(tuple(graph.node(o) for o in run)).shape(first.family, spec, rows, first.config)
+    if first.config.get("tile_m") and _legal(first.family, shape, first.config):
+        return dict(first.config)
+    mod = family(first.family)
+    keep = {"cols": first.config.get("cols"), "channels": first.config.get("weight_channels", 1)}
+    for kw in ({**keep, "rows": first.config.get("rows", 1)}, keep, {}):
+        try:
+            return asdict(mod.default_config(shape, **kw))
+        except DesignError:
+            continue
+    raise DesignError([], f"{first.family} {run}: no config tiles the merged shape {shape}")
+
+
+def merged_stage(plan: DeploymentPlan, stage: str = "decode") -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` groups run every mergeable run as one launch; None when nothing merges
+    (or every run is already merged, or no config tiles a merged shape)."""
+    spec = plan.model_spec()
+    new = copy.deepcopy(plan)
+    changed = False
+    for g in new.stage(stage).groups():
+        runs = [r for r in merge_runs(spec, g) if r not in g.merged]
+        taken = {o for m in g.merged for o in m}
+        for run in runs:
+            if taken & set(run):
+                continue
+            try:
+                config = merged_config(spec, g, run)
+            except DesignError:
+                continue
+            next(c for c in g.calls if c.op == run[0]).config = config
+            g.merged.append(run)
+            taken |= set(run)
+            changed = True
+    return new if changed else None

@@ -1,0 +1,88 @@
+"""Multi-matrix launches (Q/K/V, gate/up as one quantized GEMV launch each) and every weight format on every family:
+the quantized decode of each (format, family) matches the FP32 oracle of the dequantized weights within the phase-3
+gate, and merging its launches changes no bit while removing a design switch per merged op; the
+``multi-matrix-launches`` skill is kept by the decode phase only when faster and correct."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilepilot.gates.metrics import cosine, kl_divergence
+from tilepilot.gates.thresholds import KL_MAX_MAX, PHASE3_LOGITS_COSINE
+from tilepilot.harness.model_gate import model_gate
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.quant import QUANT_FORMATS, WeightFormat, deployment_weights
+from tilepilot.oracle.model import Oracle
+from tilepilot.plan.air_q4 import fused_stage
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.merge import merged_stage
+from tilepilot.plan.plan import validate_plan, with_weights
+from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
+from tilepilot.skills.optimize.decode import MultiMatrixLaunches
+
+FAMILIES = ("llama", "qwen2", "qwen3", "smollm2")
+IDS = [1, 5, 9, 13, 2]
+
+
+def _decode_logits(plan, ck, lib: KernelLibrary) -> tuple[list[torch.Tensor], int]:
+    runner = NpuRunner(plan, ck, library=lib)
+    out = [runner.prefill(IDS).logits[-1]]
+    for _ in range(2):
+        out.append(runner.decode(int(out[-1].argmax())).logits[-1])
+    return out, lib.timed_dispatches(one_dispatch_name("decode"))[-1].launches
+
+
+@pytest.mark.parametrize("fmt", QUANT_FORMATS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_format_on_every_family_decodes_like_its_oracle_and_merging_changes_no_bit(tiny_model, family, fmt):
+    ck = load_checkpoint(tiny_model(family, layers=1))
+    fused = fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat(fmt)))
+    merged = merged_stage(fused)
+    assert merged is not None and validate_plan(merged) == []
+    runs = [m for g in merged.decode.block for m in g.merged]
+    assert ["gate_proj", "up_proj"] in runs and ["q_proj", "k_proj", "v_proj"] in runs
+    lib = KernelLibrary()
+    separate, launches_separate = _decode_logits(fused, ck, lib)
+    together, launches_merged = _decode_logits(merged, ck, lib)
+    assert launches_separate - launches_merged == 3 * ck.spec.n_layers  # q/k/v: 3 -> 1, gate/up: 2 -> 1
+    oracle = Oracle(deployment_weights(ck, fused.weight_format()))
+    ref = [oracle.prefill(IDS).logits[-1]]
+    for step in separate[:-1]:
+        ref.append(oracle.decode(int(step.argmax())).logits[-1])
+    for a, b, r in zip(separate, together, ref, strict=True):
+        assert torch.equal(a, b)  # one launch computes what the separate launches computed, bit for bit
+        assert cosine(r, a) >= PHASE3_LOGITS_COSINE
+        assert kl_divergence(r, a) <= KL_MAX_MAX
+
+
+def test_nothing_merges_twice_and_a_bf16_plan_has_nothing_to_merge(tiny_model):
+    ck = load_checkpoint(tiny_model("llama", layers=1))
+    merged = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
+    assert merged_stage(merged) is None
+    assert merged_stage(fused_stage(paper_like_plan(ck.spec))) is None  # bf16 GEMVs: not a mergeable family
+    bad = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
+    qkv, ffn = (g for g in bad.decode.block if g.merged)
+    qkv.merged.append(["k_proj", "v_proj"])
+    ffn.merged.append(["o_proj", "down_proj"])
+    qkv.merged.append(["q_proj", "o_proj"])
+    problems = " | ".join(validate_plan(bad))
+    assert "repeats ops" in problems and "different inputs" in problems and "outside this NPU group" in problems
+
+
+def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
+    ctx = fresh_ctx("qwen2", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q4_1"))))
+    ctx.opt_stage = "decode"
+    result = MultiMatrixLaunches().run(ctx)
+    assert result.status == "applied", result.summary
+    (row,) = result.evidence["applied"]
+    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
+    assert row["ttft_after"] <= row["ttft_before"]
+    assert any(g.merged for g in ctx.plan.decode.block)
+    report, _ = model_gate(ctx, ctx.plan)
+    assert report.passed, report.failures
+    traj = (ctx.root / "perf_opt_traj.md").read_text()
+    assert MultiMatrixLaunches.name in traj and "applied" in traj
+    assert MultiMatrixLaunches().run(ctx).status == "skipped"  # nothing left to merge
