@@ -10,14 +10,11 @@ The debug skill can only repair them by changing the plan, exactly as with a rea
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 
 from tilepilot.harness.probes import call_shape, plan_calls, stage_rows
@@ -88,41 +85,3 @@ def scale_ffn(model: Path, out: Path, factor: float) -> Path:
             tensors[name] = (t.float() / factor**2).to(t.dtype)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
-
-
-@contextlib.contextmanager
-def kernel_bug(monkeypatch, family: str, trigger: Callable[[object], bool], corrupt: Callable[[dict, dict], dict]):
-    """Designs of ``family`` whose Config satisfies ``trigger`` get ``fast = corrupt(inputs, outputs)``."""
-    from tilepilot.kernels.registry import family as family_module
-
-    mod = family_module(family)
-    original = mod.make_design
-
-    def make_design(shape, config=None, device=None):
-        d = original(shape, config, device) if device is not None else original(shape, config)
-        cfg = config if config is not None else mod.default_config(shape)
-        if trigger(cfg):
-            good = d.fast
-
-            def fast(inputs, *, exact=False):
-                return corrupt(inputs, good(inputs, exact=exact))
-
-            object.__setattr__(d, "fast", fast)
-        return d
-
-    monkeypatch.setattr(mod, "make_design", make_design)
-    yield
-
-
-def noisy(rel: float, seed: int = 0):
-    """Add seeded noise of relative size ``rel`` (a reduced-precision accumulation worse than bf16)."""
-
-    def corrupt(inputs: dict, outputs: dict) -> dict:
-        out = {}
-        g = torch.Generator().manual_seed(seed)
-        for k, v in outputs.items():
-            f = v.float()
-            out[k] = (f + rel * f.abs().mean() * torch.randn(f.shape, generator=g)).to(v.dtype)
-        return out
-
-    return corrupt

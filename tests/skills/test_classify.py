@@ -21,6 +21,23 @@ GOOD = 0.9995
         ({"position_cosine": [GOOD] * 8 + [0.9] * 8}, C.LATE_POSITIONS_ONLY),
         ({"rope_position_cosine": [1.0] * 8 + [GOOD, 0.95] * 4}, C.LATE_POSITIONS_ONLY),  # bf16 RoPE angles
         ({"layer_cosine": [0.999, 0.99, 0.97, 0.93]}, C.ERROR_GROWS_WITH_DEPTH),
+        # a trained model: whole-output cosine held up by its massive activations, the lowest token cosine falls
+        (
+            {
+                "layer_cosine": [0.9971, 0.9959, 0.9984, 0.9979],
+                "layer_position_cosine": [0.9956, 0.9917, 0.9877, 0.981],
+            },
+            C.ERROR_GROWS_WITH_DEPTH,
+        ),
+        (
+            {
+                "layer_position_cosine": [1.0, 1.0, 1.0, 0.89],  # a cliff also falls "steadily": rows rule first
+                "massive_row_cosine": [
+                    {"call": "prefill/attn_norm", "rows": [0], "massive_min": 0.0, "others_min": GOOD}
+                ],
+            },
+            C.MASSIVE_ACTIVATION_ROWS,
+        ),
     ],
 )
 def test_each_signature(evidence, signature):
@@ -53,6 +70,10 @@ def test_precedence_validator_then_nan_then_stale():
         {"call_cosine": [0.5, 0.5]},  # first call already wrong: not staleness
         {"rope_position_cosine": [1.0, GOOD, GOOD]},  # RoPE fine
         {"validator_codes": ["TAP_LIMIT"]},  # a validator error no skill repairs
+        # a call wrong on every row, massive or not: not a massive-activation fault
+        {"massive_row_cosine": [{"call": "prefill/ffn_norm", "rows": [0], "massive_min": 0.0, "others_min": 0.0}]},
+        {"massive_row_cosine": [{"call": "prefill/resid1", "rows": [0], "massive_min": GOOD, "others_min": GOOD}]},
+        {"layer_position_cosine": [0.98, 0.97, 0.96]},  # lowest token already wrong at layer 0
     ],
 )
 def test_unmatched(evidence):

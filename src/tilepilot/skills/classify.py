@@ -16,6 +16,11 @@ Evidence keys (all optional; a missing key simply rules its signatures out):
   call_cosine: list[float]             final-logit cosine of consecutive runner calls on different inputs
   rope_position_cosine: list[float]    per-position cosine of the plan's RoPE kernel, run alone on a probe
                                        input, vs the oracle's RoPE (same x, the oracle's fp32 table)
+  layer_position_cosine: list[float]   per layer, the lowest per-token cosine of the output vs the oracle (a trained
+                                       model's massive activations dominate ``layer_cosine``, not this)
+  massive_row_cosine: list[dict]       per prefill call run alone on the oracle's captured inputs, wherever rows carry
+                                       a massive activation: {call, rows, massive_min, others_min} (lowest per-row
+                                       cosine on those rows and on the others)
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ ONE_PARTITION_WRONG = "one-partition-wrong"
 ROPE_LAYOUT_MISMATCH = "rope-layout-mismatch"
 LATE_POSITIONS_ONLY = "late-positions-only"
 ERROR_GROWS_WITH_DEPTH = "error-grows-with-depth"
+MASSIVE_ACTIVATION_ROWS = "massive-activation-rows-wrong"
 
 SIGNATURES = (
     TILE_MEMORY_OVERFLOW,
@@ -53,6 +59,7 @@ SIGNATURES = (
     STALE_AFTER_FIRST_CALL,
     ONE_PARTITION_WRONG,
     ROPE_LAYOUT_MISMATCH,
+    MASSIVE_ACTIVATION_ROWS,
     LATE_POSITIONS_ONLY,
     ERROR_GROWS_WITH_DEPTH,
 )
@@ -133,6 +140,22 @@ def _check_rope_layout(ev: dict[str, Any]) -> Diagnosis | None:
     return None
 
 
+def _check_massive_rows(ev: dict[str, Any]) -> Diagnosis | None:
+    """A kernel that, run alone on the model's own activations, is wrong on exactly the rows carrying a massive
+    activation and right on every other row (a narrow accumulator overflowing on one huge channel)."""
+    for entry in ev.get("massive_row_cosine") or []:
+        lo, rest = float(entry.get("massive_min", 1.0)), float(entry.get("others_min", 0.0))
+        if not _good(lo) and _good(rest):
+            return Diagnosis(
+                MASSIVE_ACTIVATION_ROWS,
+                [
+                    f"{entry.get('call')} alone on the model's activations: rows {entry.get('rows')} (massive "
+                    f"activations) cosine {lo:.4f}, every other row >= {rest:.4f}"
+                ],
+            )
+    return None
+
+
 def late_positions_bad(cosines: list[float]) -> int | None:
     """The first bad position when ``cosines`` (one per position) show the late-positions pattern, else None.
 
@@ -167,16 +190,19 @@ def _check_late_positions(ev: dict[str, Any]) -> Diagnosis | None:
 
 
 def _check_depth(ev: dict[str, Any]) -> Diagnosis | None:
-    layers = list(ev.get("layer_cosine") or [])
-    if len(layers) < 2 or any(c != c for c in layers):
-        return None
-    drop = layers[0] - layers[-1]
-    steady = all(b <= a + DEPTH_NOISE for a, b in zip(layers[:-1], layers[1:], strict=True))
-    if _good(layers[0]) and drop >= DEPTH_DROP_MIN and steady and not _good(layers[-1]):
-        return Diagnosis(
-            ERROR_GROWS_WITH_DEPTH,
-            [f"layer cosine falls from {layers[0]:.4f} (layer 0) to {layers[-1]:.4f} (layer {len(layers) - 1})"],
-        )
+    """Whole-output layer cosine, else the per-layer lowest token cosine (which a trained model's massive
+    activations do not dominate), good at layer 0 and falling steadily to a bad last layer."""
+    for key, what in (("layer_cosine", "layer cosine"), ("layer_position_cosine", "lowest token cosine per layer")):
+        layers = list(ev.get(key) or [])
+        if len(layers) < 2 or any(c != c for c in layers):
+            continue
+        drop = layers[0] - layers[-1]
+        steady = all(b <= a + DEPTH_NOISE for a, b in zip(layers[:-1], layers[1:], strict=True))
+        if _good(layers[0]) and drop >= DEPTH_DROP_MIN and steady and not _good(layers[-1]):
+            return Diagnosis(
+                ERROR_GROWS_WITH_DEPTH,
+                [f"{what} falls from {layers[0]:.4f} (layer 0) to {layers[-1]:.4f} (layer {len(layers) - 1})"],
+            )
     return None
 
 
@@ -186,6 +212,7 @@ _RULES = (
     _check_stale,
     _check_partition,
     _check_rope_layout,
+    _check_massive_rows,
     _check_late_positions,
     _check_depth,
 )

@@ -42,6 +42,7 @@ _OPTIMIZERS = (
 _DEBUGGERS = (
     ("tilepilot.skills.debug.numerics", "FixNanInf"),
     ("tilepilot.skills.debug.numerics", "FixErrorGrowth"),
+    ("tilepilot.skills.debug.numerics", "FixMassiveActivations"),
     ("tilepilot.skills.debug.positions", "FixLatePositions"),
     ("tilepilot.skills.debug.positions", "FixRopeLayout"),
     ("tilepilot.skills.debug.partitions", "FixPartition"),

@@ -10,6 +10,7 @@ its output. Inputs are the oracle's, not the runner's, so an error upstream cann
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,19 @@ _POINT_OF = {
 }
 # Families whose calls need more than captured values (the KV cache) are not probed here.
 SKIPPED_FAMILIES = ("attention",)
+# A row (token) carries a massive activation when its largest |x| is at least this many times the median row's
+# largest |x| (trained models: one channel at the first token and a few delimiters, 10-1000x the other rows'; Sun et
+# al. 2024, "Massive activations in large language models"). SmolLM2-135M's first token: 650 vs a median of ~40.
+MASSIVE_ROW_RATIO = 10.0
+
+
+def massive_rows(x: torch.Tensor) -> list[int]:
+    """The rows of [rows, width] ``x`` that carry a massive activation (``MASSIVE_ROW_RATIO``); none of a single row."""
+    peak = x.float().abs().amax(-1)
+    if peak.numel() < 2:
+        return []
+    median = float(peak.median())
+    return [i for i, v in enumerate(peak.tolist()) if v >= MASSIVE_ROW_RATIO * max(median, 1e-30)]
 
 
 @dataclass
@@ -50,6 +64,8 @@ class ActivationProbe:
     cosine: float | None = None  # against the oracle's capture of the output, when it is captured
     max_abs_input: float = 0.0
     error: str | None = None
+    row_cosine: list[float] = field(default_factory=list)  # per output row, when the output is captured
+    massive: list[int] = field(default_factory=list)  # rows whose inputs carry a massive activation
 
     @property
     def ok(self) -> bool:
@@ -67,6 +83,9 @@ class Captures:
     tensors: dict[str, torch.Tensor]
     rows: int
     names: dict[str, str] = field(default_factory=dict)  # graph value -> capture point
+    # built once per probe session: designs by (family, shape, config), bf16 weights by layer
+    designs: dict[tuple, Any] = field(default_factory=dict)
+    weights: dict[int | None, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def value(self, name: str, layer: int | None, n_layers: int) -> torch.Tensor | None:
         """The captured value ``name`` feeding ``layer`` (None for the head), or None when the oracle has none."""
@@ -104,9 +123,26 @@ def _weights(ctx, layer: int | None) -> dict[str, torch.Tensor]:
     return {k: v.to(torch.bfloat16) for k, v in w.layer(layer).tensors().items()}
 
 
-def run_call(ctx, caps: Captures, call: CallRef, layer: int | None, config: dict[str, Any]) -> ActivationProbe:
+def _design(caps: Captures, family: str, shape, config: dict[str, Any]):
+    key = (family, shape, tuple(sorted(config.items())))
+    if key not in caps.designs:
+        caps.designs[key] = family_module(family).make_design(shape, config_for(family, shape, config))
+    return caps.designs[key]
+
+
+def _layer_weights(ctx, caps: Captures, layer: int | None) -> dict[str, torch.Tensor]:
+    if layer not in caps.weights:
+        caps.weights[layer] = _weights(ctx, layer)
+    return caps.weights[layer]
+
+
+def run_call(
+    ctx, caps: Captures, call: CallRef, layer: int | None, config: dict[str, Any], decode_rows: str = "all"
+) -> ActivationProbe:
     """``call`` with ``config`` on ``layer``'s captured inputs: all prompt rows at once for a prefill call, each row
-    as its own one-token step (at its own position) for a decode call, the last row for the LM head."""
+    as its own one-token step (at its own position) for a decode call, the last row for the LM head.
+    ``decode_rows="massive"`` runs a decode call only at the rows carrying a massive activation (``row_cosine`` and
+    ``massive`` then index those rows; none: the probe records an error and runs nothing)."""
     spec = ctx.spec
     graph = block_graph(spec)
     node = graph.node(call.op)
@@ -116,17 +152,25 @@ def run_call(ctx, caps: Captures, call: CallRef, layer: int | None, config: dict
         ap.error = "inputs not captured"
         return ap
     head = node.kind == "lm_head"
-    steps = [(caps.rows - 1, 1)] if head else [(0, caps.rows)]
-    if call.stage == "decode" and not head:  # one decode step per prompt position, each at its own position
-        steps = [(i, 1) for i in range(caps.rows)]
     x = [t.to(torch.bfloat16) for t in ins]
     ap.max_abs_input = max(float(t.float().abs().max()) for t in x)
+    massive = [] if head else sorted({r for t in x if t.dim() == 2 for r in massive_rows(t)})
+    ap.massive = massive
+    steps = [(caps.rows - 1, 1)] if head else [(0, caps.rows)]
+    positions = None
+    if call.stage == "decode" and not head:  # one decode step per prompt position, each at its own position
+        positions = massive if decode_rows == "massive" else list(range(caps.rows))
+        if not positions:
+            ap.error = "no massive rows"
+            return ap
+        steps = [(i, 1) for i in positions]
+        ap.massive = [j for j, i in enumerate(positions) if i in massive]
     try:
         rows = steps[0][1]
         shape = call_shape(spec, call, rows, caps.rows, config)
-        design = family_module(call.family).make_design(shape, config_for(call.family, shape, config))
+        design = _design(caps, call.family, shape, config)
         run = binding(node, call.family).run
-        weights = _weights(ctx, layer)
+        weights = _layer_weights(ctx, caps, layer)
         outs = []
         for start, n in steps:
             args: dict[str, Any] = {"_in": [t[start : start + n] for t in x], "_w": node.weights, **weights}
@@ -141,28 +185,39 @@ def run_call(ctx, caps: Captures, call: CallRef, layer: int | None, config: dict
     ref = caps.value(node.output, layer, spec.n_layers)
     if ref is not None and head:
         ref = ref[-1:]
+    elif ref is not None and positions is not None:
+        ref = ref[positions]
     if ref is not None and ref.shape == out.shape and ap.nonfinite == 0:
         ap.cosine = M.cosine(ref.float(), out)
+        ap.row_cosine = M.per_position_cosine(ref.float(), out).tolist()
     return ap
 
 
-def passes_on_activations(ctx, caps: Captures, call: CallRef, config: dict[str, Any]) -> bool:
-    """Whether ``call`` with ``config`` is finite and agrees with the oracle on every layer's captured inputs."""
+def passes_on_activations(
+    ctx, caps: Captures, call: CallRef, config: dict[str, Any], check: Callable[[ActivationProbe], bool] | None = None
+) -> bool:
+    """Whether ``call`` with ``config`` is finite and agrees with the oracle on every layer's captured inputs (and
+    meets ``check``, whose probes run a decode call at the massive rows only)."""
     layers = [None] if call.part == "head" else list(range(ctx.spec.n_layers))
-    runs = [run_call(ctx, caps, call, layer, config) for layer in layers]
-    return all(r.ok for r in runs if r.error != "inputs not captured")
+    rows = "all" if check is None else "massive"
+    runs = [run_call(ctx, caps, call, layer, config, rows) for layer in layers]
+    runs = [r for r in runs if r.error not in ("inputs not captured", "no massive rows")]
+    return all(r.ok and (check is None or check(r)) for r in runs)
 
 
-def probe_activations(ctx, caps: Captures | None = None, plan=None) -> list[ActivationProbe]:
-    """Every NPU call of the plan on every layer's captured inputs (calls without captures skipped)."""
+def probe_activations(
+    ctx, caps: Captures | None = None, plan=None, stages=("prefill", "decode"), decode_rows: str = "all"
+) -> list[ActivationProbe]:
+    """Every NPU call of the plan in ``stages`` on every layer's captured inputs (calls without captures skipped;
+    ``decode_rows`` as in ``run_call``)."""
     caps = caps or capture_gate_prompt(ctx)
     out = []
     for call in plan_calls(plan or ctx.plan):
-        if call.family in SKIPPED_FAMILIES:
+        if call.family in SKIPPED_FAMILIES or call.stage not in stages:
             continue
         layers = [None] if call.part == "head" else list(range(ctx.spec.n_layers))
         for layer in layers:
-            ap = run_call(ctx, caps, call, layer, call.config_dict)
-            if ap.error != "inputs not captured":
+            ap = run_call(ctx, caps, call, layer, call.config_dict, decode_rows)
+            if ap.error not in ("inputs not captured", "no massive rows"):
                 out.append(ap)
     return out

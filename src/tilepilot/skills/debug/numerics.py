@@ -1,4 +1,4 @@
-"""Numerical debug skills: NaN/Inf from a kernel, and error that grows with depth."""
+"""Numerical debug skills: NaN/Inf from a kernel, a kernel wrong on massive activations, error growing with depth."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tilepilot.harness.probes import CallRef, Probe, probe, stage_rows
-from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, NAN_INF
-from tilepilot.skills.debug.activations import capture_gate_prompt, passes_on_activations, probe_activations
+from tilepilot.skills.classify import ERROR_GROWS_WITH_DEPTH, GOOD_COSINE, MASSIVE_ACTIVATION_ROWS, NAN_INF
+from tilepilot.skills.debug.activations import (
+    ActivationProbe,
+    capture_gate_prompt,
+    passes_on_activations,
+    probe_activations,
+)
 from tilepilot.skills.debug.common import REDUCED_NUMERICS, ReconfigureSkill, reduced_fields, resume_commands
 
 # A call counts as less accurate than its family default when its probe's 1 - Pearson exceeds the default's by
@@ -47,6 +52,43 @@ class FixNanInf(ReconfigureSkill):
         if caps is None:
             return None
         return lambda call, cfg: passes_on_activations(ctx, caps, call, cfg)
+
+
+def _massive_rows_good(ap: ActivationProbe) -> bool:
+    """Every row carrying a massive activation agrees with the oracle (and the call is finite)."""
+    return ap.nonfinite == 0 and all(ap.row_cosine[i] >= GOOD_COSINE for i in ap.massive if i < len(ap.row_cosine))
+
+
+class FixMassiveActivations(ReconfigureSkill):
+    name = "fix-massive-activations"
+    signature = MASSIVE_ACTIVATION_ROWS
+    description = (
+        "Finds the kernel instances that, run alone on the model's own activations (the oracle's captures of the "
+        "gate prompt, layer by layer), are wrong on the tokens carrying a massive activation (one channel 10-1000x "
+        "the others, as trained models have at the first token) and right elsewhere, e.g. an RMSNorm whose sum of "
+        "squares accumulates in fp16 and overflows there, and switches each to the smallest config change (one named "
+        "option: acc fp16 -> fp32), else the family default, that is right on those rows too. Use when the "
+        "classifier reports massive-activation-rows-wrong."
+    )
+    purpose = "Repairs kernels whose narrow internal types cannot hold a trained model's massive activations."
+    commands = resume_commands("fix-massive-activations")
+    gate_text = "The failed phase re-runs; its gate (logits cosine, KL, per-layer cosine) decides."
+    failure_modes = (
+        "No call is wrong on the massive rows alone (the error comes from attention over the KV cache, which these "
+        "probes skip, or from the host): unrepaired, needs a human.",
+    )
+
+    def culprits(self, ctx, probes: list[Probe]) -> list[Probe]:
+        """Calls wrong on a massive row of some layer (decode calls probed at those rows only: the rest is what the
+        seeded probes already passed)."""
+        self._captures = capture_gate_prompt(ctx)
+        aps = probe_activations(ctx, self._captures, decode_rows="massive")
+        hits = {(a.call.stage, a.call.op) for a in aps if not _massive_rows_good(a)}
+        return [p for p in probes if (p.call.stage, p.call.op) in hits]
+
+    def also(self, ctx) -> Callable[[CallRef, dict[str, Any]], bool] | None:
+        caps = self._captures
+        return lambda call, cfg: passes_on_activations(ctx, caps, call, cfg, check=_massive_rows_good)
 
 
 def _reduced(config: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilepilot.gates import thresholds as T
 from tilepilot.harness.model_gate import model_gate
 from tilepilot.skills.base import PhaseSkill
+from tilepilot.skills.debug.evidence import failure_evidence
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
 
 
@@ -37,6 +38,9 @@ class FullModelValidation(PhaseSkill):
     def run(self, ctx):
         report, evidence = model_gate(ctx, ctx.workspace.plan)
         m = report.measurements
+        if not report.passed and not evidence.get("validator_codes"):
+            # measured only on failure: views of the model that its massive activations do not dominate
+            evidence.update(failure_evidence(ctx, ctx.workspace.plan))
 
         cos = m.get(T.LOGITS_COSINE)
         summary = (
