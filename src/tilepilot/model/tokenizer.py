@@ -12,6 +12,7 @@ e.g. an end-of-turn token besides EOS), else from the tokenizer's ``eos_token``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,65 @@ def _generation_eos(model_dir: Path) -> tuple[int, ...]:
     if isinstance(eos, list) and all(isinstance(i, int) for i in eos):
         return tuple(eos)
     return ()
+
+
+# Special-token literals a chat template writes (<|im_start|>, <|eot_id|>, <|start_header_id|>...).
+_TEMPLATE_TOKEN = re.compile(r"<\|[^|<>\s]{1,64}\|>")
+
+
+def checkpoint_mismatches(
+    tok: Tokenizer, model_dir: str | Path, vocab: int, bos_id: int | None, eos_ids: Sequence[int]
+) -> list[tuple[str, str]]:
+    """How the tokenizer files disagree with the checkpoint (``vocab`` embedding rows; config.json's ``bos_id`` and
+    ``eos_ids``), as ``(key, one sentence naming the problem and what to do)``; [] when they agree.
+
+    Each is a mistake that makes a deployment wrong without an error: a tokenizer from another model emits ids past
+    the embedding, an end id outside the vocabulary never stops generation, a template token the tokenizer lacks is
+    split into ordinary pieces, and two BOS ids start sequences differently from training."""
+    out: list[tuple[str, str]] = []
+    if tok.vocab_size > vocab:
+        out.append(
+            (
+                "vocab_exceeds_embedding",
+                f"tokenizer.json has {tok.vocab_size} tokens but the embedding has {vocab} rows (config.json "
+                f"vocab_size), so ids {vocab}..{tok.vocab_size - 1} have no embedding: use the tokenizer that was "
+                "trained with this checkpoint.",
+            )
+        )
+    sources = [("generation_config.json", _generation_eos(Path(model_dir))), ("config.json", tuple(eos_ids))]
+    for source, ids in sources:
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            eos = tok.special_tokens().get("eos_token")
+            hint = f" (the tokenizer's eos_token {eos!r} is id {_id_of(tok._tok, eos)})" if eos else ""
+            out.append(
+                (
+                    f"eos_outside_vocab.{source}",
+                    f"{source} names end-of-generation id {', '.join(map(str, bad))}, outside the {vocab}-token "
+                    f"vocabulary, so generation can never stop on it: set eos_token_id there to the id of the "
+                    f"model's end token{hint}.",
+                )
+            )
+    missing = sorted({t for t in _TEMPLATE_TOKEN.findall(tok.chat_template or "") if tok._tok.token_to_id(t) is None})
+    if missing:
+        out.append(
+            (
+                "template_token_missing",
+                f"the chat template writes {', '.join(missing)}, which tokenizer.json has no token for, so every chat "
+                "prompt would split it into pieces the model never saw: use the chat template (tokenizer_config.json "
+                "or chat_template.jinja) that belongs to this tokenizer.",
+            )
+        )
+    bos_text = _token_text(tok.config.get("bos_token"))
+    if bos_id is not None and tok.bos_id is not None and bos_id != tok.bos_id:
+        out.append(
+            (
+                "bos_disagrees",
+                f"config.json says BOS is id {bos_id} but the tokenizer's bos_token {bos_text!r} is id {tok.bos_id}: "
+                "make bos_token_id in config.json and bos_token in tokenizer_config.json name the same token.",
+            )
+        )
+    return out
 
 
 class IncrementalDecoder:

@@ -19,6 +19,7 @@ from tilepilot.gates import metrics as M
 from tilepilot.gates import thresholds as T
 from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.harness.model_gate import gate_prompts, oracle_reference
+from tilepilot.model.tokenizer import checkpoint_mismatches
 from tilepilot.oracle.transformers_reference import load_reference_model, run_reference
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.phases.common import WORKSPACE_INPUT, finish
@@ -76,16 +77,41 @@ class BuildCpuOracle(PhaseSkill):
         "logits, reported as a warning."
     )
     failure_modes = (
+        "Tokenizer files that disagree with the checkpoint (more tokens than embedding rows, an end id outside the "
+        "vocabulary, a chat-template token the tokenizer lacks, two BOS ids): the gate fails before the oracle runs, "
+        "with one sentence per problem saying what to fix.",
         "Checkpoint that disagrees with config.json (missing tensor, wrong shape): CheckpointError with the tensor "
         "name; fix the checkpoint.",
         "Oracle disagreeing with transformers: a modeling gap (RoPE scaling, bias, Q/K norm); needs a human.",
     )
+
+    def _tokenizer_mismatch(self, ctx, digest: str):
+        """A failed gate, before any oracle run, when the tokenizer files disagree with the checkpoint (one
+        threshold per problem, its sentence saying what is wrong and what to do); None when they agree."""
+        tok, spec = ctx.model.tokenizer, ctx.model.spec
+        problems = (
+            []
+            if tok is None
+            else checkpoint_mismatches(tok, ctx.workspace.model_dir, spec.vocab, spec.bos_id, spec.eos_ids)
+        )
+        if not problems:
+            return None
+        gate = Gate(T.phase0_gate().name, [Threshold(f"tokenizer.{k}", "<=", 0, why) for k, why in problems])
+        report = gate.evaluate({f"tokenizer.{k}": 1.0 for k, _ in problems})
+        sentences = [why for _, why in problems]
+        evidence = {"tokenizer_mismatches": sentences, "checkpoint_sha256": digest}
+        return finish(
+            self, ctx, report, evidence, "the tokenizer does not match the checkpoint: " + " ".join(sentences)
+        )
 
     def run(self, ctx):
 
         spec = ctx.model.spec
         digest = ctx.workspace.checkpoint_digest()
         ctx.workspace.set_extra("checkpoint_sha256", digest)
+        mismatch = self._tokenizer_mismatch(ctx, digest)
+        if mismatch is not None:
+            return mismatch
         ids, second = gate_prompts(ctx)
         # The model gate's own reference (prompt logits, every layer's output, the 32-token greedy), computed
         # once here and reused by phases 3-5: what phase 0 certifies is exactly what they compare against.
