@@ -107,7 +107,7 @@ def tuned(plan: DeploymentPlan, spec: ModelSpec) -> DeploymentPlan:
 
 def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill: bool) -> DeploymentPlan:
     """The plan structure the decode phase's skills reach, at weight format ``fmt``: one dispatch, windowed KV
-    readback, and (quantized formats) the multi-matrix launches of ``multi-matrix-launches``."""
+    readback, and the multi-matrix launches of ``multi-matrix-launches``."""
     plan = with_weights(paper_like_plan(spec), fmt, packed_prefill=packed_prefill)
     plan = fused_stage(plan)
     plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
@@ -197,9 +197,9 @@ def render(data: dict[str, Any]) -> str:
         "",
         "Plans: **tilepilot-FMT** = the paper's prefill grouping, decode attention and LM head on the NPU, the decode "
         "step in one dispatch with a windowed KV readback, decode projections tile-tuned (same search for every "
-        "format), in the quantized formats Q/K/V and gate/up as one multi-matrix `qgemv` launch each "
-        "(`multi-matrix-launches`; the bf16 GEMV has no multi-matrix form yet, so the bf16 rows keep separate "
-        "launches), quantized prefill as packed `qgemm` or bf16 GEMMs over dequantized weights, whichever is faster. "
+        "format), Q/K/V and gate/up as one multi-matrix GEMV launch each (`multi-matrix-launches`, bf16 and "
+        "quantized alike), quantized prefill as packed `qgemm` or bf16 GEMMs over dequantized weights, whichever is "
+        "faster. "
         "**air-q4** = the built-in plan of AIR's Q4NX deployment (q4_1, 2 weight channels, 4 compute rows). "
         "Embeddings and the LM head stay bf16 in every quantized plan.",
         "",

@@ -116,3 +116,25 @@ def test_zoo_decode_shapes_pass_the_gate_on_the_fast_path(name, shape):
     t = time_dispatch(design)
     # a weight stream cannot beat the usable DDR bandwidth (modeled)
     assert t.seconds > 2 * shape.n * shape.k / 120e9
+
+
+@pytest.mark.parametrize(
+    ("shape", "config"),
+    [
+        (gemv.Shape(96, 128, 1, (64, 32)), gemv.Config(2, 2, 8, 64)),
+        (gemv.Shape(128, 64, 2, (64, 32, 32)), gemv.Config(2, 1, 16, 64, "bfp16", 1)),
+    ],
+    ids=str,
+)
+def test_a_multi_matrix_gemv_is_the_separate_launches_bit_for_bit(shape, config):
+    """The dataflow gemv and qgemv share (``gemv.matvec_dataflow``) serves several matrices over one x stream."""
+    design = gemv.make_design(shape, config)
+    assert validate(design) == []
+    x = rand_bf16(shape.m, shape.k, seed=5)
+    ins = {"x": x, **{f"w{j}": rand_bf16(nj, shape.k, seed=20 + j) for j, nj in enumerate(shape.parts)}}
+    tile, exact = run_tile(design, ins), run_fast(design, ins, exact=True)
+    for j, nj in enumerate(shape.parts):
+        one = gemv.make_design(gemv.Shape(nj, shape.k, shape.m), config)
+        y = run_fast(one, {"x": x, "w": ins[f"w{j}"]}, exact=True)["y"]
+        assert torch.equal(tile[f"y{j}"], y) and torch.equal(exact[f"y{j}"], y)
+    assert set(gemv.reference(ins)) == set(exact)

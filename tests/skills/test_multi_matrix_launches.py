@@ -57,11 +57,23 @@ def test_every_format_on_every_family_decodes_like_its_oracle_and_merging_change
         assert kl_divergence(r, a) <= KL_MAX_MAX
 
 
-def test_nothing_merges_twice_and_a_bf16_plan_has_nothing_to_merge(tiny_model):
+def test_bf16_gemvs_merge_too_bit_for_bit(tiny_model):
+    ck = load_checkpoint(tiny_model("llama", layers=1))
+    fused = fused_stage(paper_like_plan(ck.spec))
+    merged = merged_stage(fused)
+    assert merged is not None and validate_plan(merged) == []
+    assert {c.family for g in merged.decode.block if g.merged for c in g.calls if c.op in g.merged[0]} == {"gemv"}
+    lib = KernelLibrary()
+    separate, launches_separate = _decode_logits(fused, ck, lib)
+    together, launches_merged = _decode_logits(merged, ck, lib)
+    assert launches_separate - launches_merged == 3 * ck.spec.n_layers
+    assert all(torch.equal(a, b) for a, b in zip(separate, together, strict=True))
+
+
+def test_nothing_merges_twice_and_bad_merges_are_refused(tiny_model):
     ck = load_checkpoint(tiny_model("llama", layers=1))
     merged = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
     assert merged_stage(merged) is None
-    assert merged_stage(fused_stage(paper_like_plan(ck.spec))) is None  # bf16 GEMVs: not a mergeable family
     bad = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
     qkv, ffn = (g for g in bad.decode.block if g.merged)
     qkv.merged.append(["k_proj", "v_proj"])

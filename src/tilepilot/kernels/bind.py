@@ -115,12 +115,14 @@ class MergedLinear:
     members: tuple[OpNode, ...]
 
     def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
-        if family != "qgemv":
-            raise ConfigError(f"ops {[n.op for n in self.members]} cannot share a {family} launch; only qgemv merges")
+        if family not in ("gemv", "qgemv"):
+            raise ConfigError(f"ops {[n.op for n in self.members]} cannot share a {family} launch; only GEMVs merge")
         dims = [_linear_dims(n, spec) for n in self.members]
         if len({k for _, k in dims}) != 1:
             raise ConfigError(f"ops {[n.op for n in self.members]} have different input widths; they cannot merge")
         parts = tuple(n for n, _ in dims)
+        if family == "gemv":
+            return family_module("gemv").Shape(n=sum(parts), k=dims[0][1], m=rows, parts=parts)
         return family_module("qgemv").Shape(
             n=sum(parts), k=dims[0][1], m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32),
             parts=parts,

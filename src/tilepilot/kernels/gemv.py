@@ -77,9 +77,32 @@ ACCUMULATORS = (*nx.ACCUMULATORS, SERIAL_BF16)
 
 @dataclass(frozen=True)
 class Shape:
+    """``parts``: a multi-matrix launch (matrices reading the same x, e.g. Q/K/V), each matrix's output rows, summing
+    to ``n``; empty = one matrix (tensors ``w``/``y``; with parts ``w0``.. / ``y0``..)."""
+
     n: int  # output features (rows of W in Hugging Face [out, in] layout)
     k: int  # input features
     m: int = 1  # tokens
+    parts: tuple[int, ...] = ()
+
+    def matrices(self) -> tuple[int, ...]:
+        return self.parts or (self.n,)
+
+
+def tensor_names(shape: Any) -> list[tuple[str, str]]:
+    """(weight input, output) DDR tensor names of each matrix of a matrix-vector launch (gemv, qgemv), in order."""
+    if not shape.parts:
+        return [("w", "y")]
+    return [(f"w{j}", f"y{j}") for j in range(len(shape.parts))]
+
+
+def check_parts(shape: Any, rows_per_block: int, err: Callable[[str], DesignError]) -> None:
+    """Every matrix of the launch splits into ``rows_per_block`` (columns x compute rows x tile_m) row blocks."""
+    if shape.parts and (sum(shape.parts) != shape.n or min(shape.parts) < 1 or len(shape.parts) < 2):
+        raise err(f"parts {shape.parts} must be two or more matrices whose rows sum to N={shape.n}")
+    for n in shape.matrices():
+        if n % rows_per_block:
+            raise err(f"N={n} does not split into blocks of {rows_per_block} rows (columns x rows x tile_m)")
 
 
 @dataclass(frozen=True)
@@ -124,11 +147,7 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"{config.rows} x {config.cols} tiles do not fit {device.name}")
     if config.depth < 1 or config.tile_m < 1 or config.tile_k < 1:
         raise _err(f"config {config} has a non-positive tile size or depth")
-    if shape.n % (config.cols * config.rows * config.tile_m):
-        raise _err(
-            f"N={shape.n} does not split into {config.cols} columns x {config.rows} rows x blocks of "
-            f"{config.tile_m} rows; pick tile sizes dividing N"
-        )
+    check_parts(shape, config.cols * config.rows * config.tile_m, _err)
     if shape.k % config.tile_k or config.tile_k % K_GRANULE:
         raise _err(
             f"K={shape.k} is not a whole number of {config.tile_k}-element chunks, or the chunk is not a multiple "
@@ -270,79 +289,147 @@ def stream_taps(
 # ----------------------------------------------------------------------------------------------------------------------
 # the design
 # ----------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WeightStream:
+    """How a matrix-vector family's weights sit in DDR and travel to the tiles: ``dtype`` of the weight stream,
+    ``row`` elements per weight row in DDR and ``chunk`` elements of a row per kernel call (bf16: K and tile_k;
+    packed blocks: the row's and the chunk's bytes)."""
+
+    dtype: str
+    row: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """The tiling every matrix-vector design shares (see the module docstring): ``cols`` x ``rows`` workers,
+    ``tile_m`` output rows x ``tile_k`` of K per call, weight fifos ``depth`` deep, the weights of a column on
+    ``channels`` shim MM2S channels (2: a free column's shim carries x, so ``cols`` < the device's columns)."""
+
+    cols: int
+    rows: int
+    tile_m: int
+    tile_k: int
+    depth: int
+    channels: int = 1
+
+
+def matvec_dataflow(
+    shape: Any, t: Tiling, stream: WeightStream, kernel: TileKernel, worker: str, local_bytes: int
+) -> tuple[list[Fifo], list, list[Worker], Runtime]:
+    """Fifos, links, workers and runtime of a matrix-vector design, for every family that streams a weight matrix
+    past one x broadcast (gemv over bf16 rows, qgemv over packed blocks: ``stream`` says which).
+
+    Column c owns rows [c*N_j/cols, (c+1)*N_j/cols) of each matrix j of the launch (``shape.parts``) and its
+    workers run them one matrix after the other; per call a column streams a (rows*tile_m, chunk) block over
+    ``channels`` shim channels (two: half the rows each, joined in the memory tile), split by the memory tile into
+    one (tile_m, chunk) object per compute row; x is re-sent for every output block; outputs are joined per column
+    and drained to each matrix's own output tensor. One task group per run of at most TAP_MAX_REPEAT output blocks
+    of one matrix, so every stream of a group is one or two patterns, within the shim's buffer descriptors."""
+    cols, rows, tm, tk, depth, ch, m, k = t.cols, t.rows, t.tile_m, t.tile_k, t.depth, t.channels, shape.m, shape.k
+    cb, rb = stream.chunk, stream.row
+    block = rows * tm  # output rows a column produces per iteration
+    ksteps = k // tk
+    iters = sum(nj // cols // block for nj in shape.matrices())
+    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(0 if ch == 1 else cols, SHIM_ROW))]
+    workers: list[Worker] = []
+    links = []
+    sub = block // ch  # weight rows each shim channel carries per call
+    for c in range(cols):
+        shim, mem = Tile(c, SHIM_ROW), Tile(c, MEM_ROW)
+        w_names = [f"w_{c}_{j}" for j in range(ch)]
+        fifos += [Fifo(name, (sub, cb), stream.dtype, depth, shim_placement=shim) for name in w_names]
+        if rows == 1:
+            w_in = [w_names[0]]
+            if ch == 2:  # both shim MM2S channels feed the column's memory tile, which joins the halves
+                w_in = [f"w_{c}"]
+                fifos.append(Fifo(w_in[0], (tm, cb), stream.dtype, depth))
+                links.append(join(f"w_join_{c}", w_names, w_in[0], [0, sub * cb], mem))
+            y_out = [f"y_{c}"]
+            fifos.append(Fifo(y_out[0], (m, tm), "bf16", 2, shim_placement=shim))
+        else:  # each channel's block is split in the memory tile, one (tile_m, chunk) object per compute row
+            per = rows // ch
+            w_in = [f"w_{c}_{j}_{r}" for j in range(ch) for r in range(per)]
+            fifos += [Fifo(name, (tm, cb), stream.dtype, depth) for name in w_in]
+            for j in range(ch):
+                dsts = w_in[j * per : (j + 1) * per]
+                links.append(split(f"w_split_{c}_{j}", w_names[j], dsts, [r * tm * cb for r in range(per)], mem))
+            y_out = [f"y_{c}_{r}" for r in range(rows)]
+            fifos += [Fifo(name, (m, tm), "bf16", 2) for name in y_out]
+            fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
+            links.append(join(f"y_join_{c}", y_out, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
+        for r in range(rows):
+            workers.append(
+                Worker(
+                    name=f"{worker}_{r}_{c}",
+                    kernel=kernel,
+                    inputs=(w_in[r], "x"),
+                    outputs=(y_out[r],),
+                    iterations=iters,
+                    placement=Tile(c, FIRST_COMPUTE_ROW + r),
+                    local_bytes=local_bytes,
+                    acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1},
+                    calls_per_iteration=ksteps,
+                )
+            )
+    rt = Runtime()
+    group = 0
+    for nj, (w_t, y_t) in zip(shape.matrices(), tensor_names(shape), strict=True):
+        per_col = nj // cols
+        for i0 in range(0, per_col // block, TAP_MAX_REPEAT):
+            nb = min(TAP_MAX_REPEAT, per_col // block - i0)
+            # x is re-sent for every output block (the broadcast delivers each object to every worker)
+            for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
+                rt.fill("x", "x", tap, group)
+            for c in range(cols):
+                for j in range(ch):
+                    w_off = (c * per_col + i0 * block + j * sub) * rb
+                    taps = stream_taps((nj, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], stream.dtype)
+                    for tap in taps:
+                        rt.fill(f"w_{c}_{j}", w_t, tap, group)
+                y_off = c * per_col + i0 * block
+                y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
+                for tap in stream_taps((m, nj), y_off, [nb, rows, m, tm], [block, tm, nj, 1]):
+                    rt.drain(y_fifo, y_t, tap, group)
+            group += 1
+    return fifos, links, workers, rt
+
+
+def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The DDR inputs (x, each matrix's weights) and outputs (each matrix's y) of a matrix-vector launch."""
+    names = tensor_names(shape)
+    mats = shape.matrices()
+    inputs = [TensorSpec("x", (shape.m, shape.k))]
+    inputs += [TensorSpec(w, (nj, stream.row), stream.dtype) for nj, (w, _) in zip(mats, names, strict=True)]
+    outputs = [TensorSpec(y, (shape.m, nj)) for nj, (_, y) in zip(mats, names, strict=True)]
+    return inputs, outputs
+
+
+def parts_suffix(shape: Any) -> str:
+    return "_parts" + "_".join(map(str, shape.parts)) if shape.parts else ""
+
+
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
     device = device or npu2()
     config = config or default_config(shape, device)
     _check(shape, config, device)
-    rows, cols, tm, tk, depth, m = config.rows, config.cols, config.tile_m, config.tile_k, config.depth, shape.m
-    n, k = shape.n, shape.k
-    per_col = n // cols
-    block = rows * tm  # output rows a column produces per iteration
-    iters, ksteps = per_col // block, k // tk
-
-    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(0, SHIM_ROW))]
-    links = []
-    workers = []
-    kernel = _kernel(shape, config)
-    for c in range(cols):
-        shim, mem = Tile(c, SHIM_ROW), Tile(c, MEM_ROW)
-        if rows == 1:
-            fifos.append(Fifo(f"w_{c}", (tm, tk), "bf16", depth, shim_placement=shim))
-            fifos.append(Fifo(f"y_{c}", (m, tm), "bf16", 2, shim_placement=shim))
-            w_names, y_names = [f"w_{c}"], [f"y_{c}"]
-        else:
-            fifos.append(Fifo(f"w_l2_{c}", (block, tk), "bf16", depth, shim_placement=shim))
-            w_names = [f"w_{c}_{r}" for r in range(rows)]
-            fifos += [Fifo(name, (tm, tk), "bf16", depth) for name in w_names]
-            links.append(split(f"w_link_{c}", f"w_l2_{c}", w_names, [r * tm * tk for r in range(rows)], mem))
-            fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
-            y_names = [f"y_{c}_{r}" for r in range(rows)]
-            fifos += [Fifo(name, (m, tm), "bf16", 2) for name in y_names]
-            links.append(join(f"y_link_{c}", y_names, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
-        for r in range(rows):
-            workers.append(
-                Worker(
-                    name=f"mv_{r}_{c}",
-                    kernel=kernel,
-                    inputs=(w_names[r], "x"),
-                    outputs=(y_names[r],),
-                    iterations=iters,
-                    placement=Tile(c, FIRST_COMPUTE_ROW + r),
-                    local_bytes=4 * m * tm if config.acc == "fp32" else 0,
-                    acquires={w_names[r]: ksteps, "x": ksteps, y_names[r]: 1},
-                    calls_per_iteration=ksteps,
-                )
-            )
-
-    rt = Runtime()
-    # One task group per run of at most TAP_MAX_REPEAT output blocks: every stream of a group is then one or two
-    # patterns, well inside the shim's buffer descriptors, and groups run back to back.
-    for group, i0 in enumerate(range(0, iters, TAP_MAX_REPEAT)):
-        nb = min(TAP_MAX_REPEAT, iters - i0)
-        # x is re-sent for every output block (the broadcast delivers each object to every worker)
-        for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
-            rt.fill("x", "x", tap, group)
-        for c in range(cols):
-            w_fifo = f"w_{c}" if rows == 1 else f"w_l2_{c}"
-            y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
-            w_off = (c * per_col + i0 * block) * k
-            for tap in stream_taps((n, k), w_off, [nb, ksteps, block, tk], [block * k, tk, k, 1]):
-                rt.fill(w_fifo, "w", tap, group)
-            y_off = c * per_col + i0 * block
-            for tap in stream_taps((m, n), y_off, [nb, rows, m, tm], [block, tm, n, 1]):
-                rt.drain(y_fifo, "y", tap, group)
-
+    m, n, k = shape.m, shape.n, shape.k
+    stream = WeightStream("bf16", k, config.tile_k)
+    tiling = Tiling(config.cols, config.rows, config.tile_m, config.tile_k, config.depth)
+    local = 4 * m * config.tile_m if config.acc == "fp32" else 0
+    fifos, links, workers, rt = matvec_dataflow(shape, tiling, stream, _kernel(shape, config), "mv", local)
+    inputs, outputs = matvec_tensors(shape, stream)
     design = Design(
-        name=f"gemv_{n}x{k}_m{m}",
+        name=f"gemv_{n}x{k}_m{m}{parts_suffix(shape)}",
         device=device,
-        inputs=[TensorSpec("x", (m, k)), TensorSpec("w", (n, k))],
-        outputs=[TensorSpec("y", (m, n))],
+        inputs=inputs,
+        outputs=outputs,
         fifos=fifos,
         links=links,
         workers=workers,
         runtime=rt,
         numerics=_numerics(config),
-        fast=_fast(config),
+        fast=_fast(config, shape),
     )
     design.meta = {
         "family": FAMILY,
@@ -357,23 +444,27 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     return design
 
 
-def _fast(config: Config):
+def _fast(config: Config, shape: Shape | None = None):
+    """Each matrix of the launch as its own GEMV (a multi-matrix launch computes exactly what separate launches do)."""
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
+    names = tensor_names(shape or Shape(1, 1))
+
+    def one(x: torch.Tensor, w: torch.Tensor, exact: bool) -> torch.Tensor:
+        if config.acc == SERIAL_BF16:
+            return _serial_sum(torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.bfloat16), x, w, operands)
+        return nx.matmul(x, w, acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        if config.acc == SERIAL_BF16:
-            x, w = inputs["x"], inputs["w"]
-            return {"y": _serial_sum(torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.bfloat16), x, w, operands)}
-        y = nx.matmul(inputs["x"], inputs["w"], acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
-        return {"y": y}
+        return {y: one(inputs["x"], inputs[w], exact) for w, y in names}
 
     return fast
 
 
 def reference(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``)."""
-
-    return {"y": linear(inputs["x"], inputs["w"])}
+    """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``); a multi-matrix
+    launch's inputs ``w0``.. give outputs ``y0``.."""
+    weights = sorted(k for k in inputs if k == "w" or (k[:1] == "w" and k[1:].isdigit()))
+    return {"y" + w[1:]: linear(inputs["x"], inputs[w]) for w in weights}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 
 from tilepilot.kernels import gemm
-from tilepilot.kernels.gemv import stream_taps
+from tilepilot.kernels.gemv import stream_taps, tile_fits
 from tilepilot.kernels.qgemv import DEQUANT_OPS
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
 from tilepilot.npu.design import Design, Runtime, RuntimeTask, TensorSpec, TileKernel
@@ -207,12 +207,8 @@ def crop_outputs(design: Design, outputs: dict[str, torch.Tensor]) -> dict[str, 
     return gemm.crop_outputs(design, outputs)
 
 
-def fits(shape: Shape, config: Config, device: Device) -> bool:
-    try:
-        _check(shape, config)
-    except DesignError:
-        return False
-    return l1_bytes(shape, config) <= device.compute.memory_bytes
+# the GEMV families' pre-filter (format and block checks, then one worker's L1), with the packed L1 above
+fits = tile_fits(lambda shape, config, device: _check(shape, config), l1_bytes)
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:

@@ -25,13 +25,25 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from tilepilot.kernels.gemv import K_GRANULE, MAX_TOKENS, TILE_M_CHOICES, stream_taps, tile_fits, tile_k_choices
+from tilepilot.kernels.gemv import (
+    K_GRANULE,
+    MAX_TOKENS,
+    TILE_M_CHOICES,
+    Tiling,
+    WeightStream,
+    check_parts,
+    matvec_dataflow,
+    matvec_tensors,
+    parts_suffix,
+    tensor_names,
+    tile_fits,
+    tile_k_choices,
+)
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
 from tilepilot.npu import numerics as nx
-from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, join, split
-from tilepilot.npu.design import ObjectFifo as Fifo
-from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
-from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_REPEAT, WORD_BYTES, DesignError, Violation
+from tilepilot.npu.design import Design, TileKernel
+from tilepilot.npu.device import Device, npu2
+from tilepilot.npu.validate import CORE_STACK_BYTES, WORD_BYTES, DesignError, Violation
 from tilepilot.oracle.ops import linear
 
 FAMILY = "qgemv"
@@ -55,13 +67,6 @@ class Shape:
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
-
-
-def tensor_names(shape: Shape) -> list[tuple[str, str]]:
-    """(weight input, output) DDR tensor names of each matrix of the launch, in order."""
-    if not shape.parts:
-        return [("w", "y")]
-    return [(f"w{j}", f"y{j}") for j in range(len(shape.parts))]
 
 
 @dataclass(frozen=True)
@@ -119,13 +124,7 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"{config.rows} compute rows per column do not fit {device.name}; use 1..4")
     if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
         raise _err(f"config {config} does not fit {device.name}")
-    if shape.parts and (sum(shape.parts) != shape.n or min(shape.parts) < 1 or len(shape.parts) < 2):
-        raise _err(f"parts {shape.parts} must be two or more matrices whose rows sum to N={shape.n}")
-    for n in shape.matrices():
-        if n % (config.cols * config.rows * config.tile_m):
-            raise _err(
-                f"N={n} does not split into {config.cols} columns x {config.rows} rows x blocks of {config.tile_m} rows"
-            )
+    check_parts(shape, config.cols * config.rows * config.tile_m, _err)
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -161,84 +160,18 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     device = device or npu2()
     config = _resolve(shape, config or default_config(shape, device), device)
     _check(shape, config, device)
-    cols, tm, tk, depth, m = config.cols, config.tile_m, config.tile_k, config.depth, shape.m
-    ch, rows = config.weight_channels, config.rows
-    n, k = shape.n, shape.k
+    m, n, k, tm, tk = shape.m, shape.n, shape.k, config.tile_m, config.tile_k
     rb = k // shape.block * block_bytes(shape.fmt, shape.block)  # packed bytes per weight row
-    cb = chunk_bytes(shape, tk)
-    block = rows * tm  # output rows a column produces per iteration
-    ksteps = k // tk
-    # every matrix of the launch is cut by columns alike; a column's workers run its share of each in turn
-    iters = sum(nj // cols // block for nj in shape.matrices())
-    x_shim = Tile(0 if ch == 1 else cols, SHIM_ROW)
-    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=x_shim)]
-    workers = []
-    links = []
-    kernel = _kernel(shape, config)
-    sub = block // ch  # weight rows each shim channel carries per call
-    for c in range(cols):
-        shim, mem = Tile(c, SHIM_ROW), Tile(c, MEM_ROW)
-        w_names = [f"w_{c}_{j}" for j in range(ch)]
-        fifos += [Fifo(name, (sub, cb), "uint8", depth, shim_placement=shim) for name in w_names]
-        if rows == 1:
-            w_in = [w_names[0]]
-            if ch == 2:  # both shim MM2S channels feed the column's memory tile, which joins the halves
-                w_in = [f"w_{c}"]
-                fifos.append(Fifo(w_in[0], (tm, cb), "uint8", depth))
-                links.append(join(f"w_join_{c}", w_names, w_in[0], [0, sub * cb], mem))
-            y_out = [f"y_{c}"]
-            fifos.append(Fifo(y_out[0], (m, tm), "bf16", 2, shim_placement=shim))
-        else:  # each channel's block is split in the memory tile, one (tile_m, chunk) object per compute row
-            per = rows // ch
-            w_in = [f"w_{c}_{j}_{r}" for j in range(ch) for r in range(per)]
-            fifos += [Fifo(name, (tm, cb), "uint8", depth) for name in w_in]
-            for j in range(ch):
-                dsts = w_in[j * per : (j + 1) * per]
-                links.append(split(f"w_split_{c}_{j}", w_names[j], dsts, [r * tm * cb for r in range(per)], mem))
-            y_out = [f"y_{c}_{r}" for r in range(rows)]
-            fifos += [Fifo(name, (m, tm), "bf16", 2) for name in y_out]
-            fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
-            links.append(join(f"y_join_{c}", y_out, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
-        for r in range(rows):
-            workers.append(
-                Worker(
-                    name=f"qmv_{c}" if rows == 1 else f"qmv_{r}_{c}",
-                    kernel=kernel,
-                    inputs=(w_in[r], "x"),
-                    outputs=(y_out[r],),
-                    iterations=iters,
-                    placement=Tile(c, FIRST_COMPUTE_ROW + r),
-                    local_bytes=4 * m * tm + 2 * tm * tk,
-                    acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1},
-                    calls_per_iteration=ksteps,
-                )
-            )
-    rt = Runtime()
-    group = 0
-    for nj, (w_t, y_t) in zip(shape.matrices(), tensor_names(shape), strict=True):
-        per_col = nj // cols
-        for i0 in range(0, per_col // block, TAP_MAX_REPEAT):
-            nb = min(TAP_MAX_REPEAT, per_col // block - i0)
-            for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
-                rt.fill("x", "x", tap, group)
-            for c in range(cols):
-                for j in range(ch):
-                    w_off = (c * per_col + i0 * block + j * sub) * rb
-                    for tap in stream_taps((nj, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], "uint8"):
-                        rt.fill(f"w_{c}_{j}", w_t, tap, group)
-                y_off = c * per_col + i0 * block
-                y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
-                for tap in stream_taps((m, nj), y_off, [nb, rows, m, tm], [block, tm, nj, 1]):
-                    rt.drain(y_fifo, y_t, tap, group)
-            group += 1
-    names = tensor_names(shape)
-    suffix = "_parts" + "_".join(map(str, shape.parts)) if shape.parts else ""
+    stream = WeightStream("uint8", rb, chunk_bytes(shape, tk))
+    tiling = Tiling(config.cols, config.rows, tm, tk, config.depth, config.weight_channels)
+    local = 4 * m * tm + 2 * tm * tk  # fp32 accumulator + the decoded bf16 chunk
+    fifos, links, workers, rt = matvec_dataflow(shape, tiling, stream, _kernel(shape, config), "qmv", local)
+    inputs, outputs = matvec_tensors(shape, stream)
     design = Design(
-        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{suffix}",
+        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}",
         device=device,
-        inputs=[TensorSpec("x", (m, k))]
-        + [TensorSpec(w_t, (nj, rb), "uint8") for nj, (w_t, _) in zip(shape.matrices(), names, strict=True)],
-        outputs=[TensorSpec(y_t, (m, nj)) for nj, (_, y_t) in zip(shape.matrices(), names, strict=True)],
+        inputs=inputs,
+        outputs=outputs,
         fifos=fifos,
         links=links,
         workers=workers,

@@ -2,12 +2,13 @@
 
 A fused decode step is bounded by its launches: each launch inside the one dispatch costs a design switch and the
 configuration of its tiles (``npu.timing.time_group``), and per token Llama-3.2-1B runs 15 launches per layer. Q, K
-and V read the same normed activations, as gate and up do, so one quantized GEMV can stream all of their packed
-weights past one x broadcast and drain each matrix's rows to its own output (``kernels/qgemv.py`` ``Shape.parts``),
-bit-identical to the separate launches. ``merged_stage`` marks those runs (``KernelGroup.merged``) and gives each
-run's first op a config the merged shape tiles (the first op's own if it does, else the family default keeping its
-columns, weight channels and compute rows, else the plain default). The ``multi-matrix-launches`` decode skill
-proposes it and keeps it only when faster and correct.
+and V read the same normed activations, as gate and up do, so one GEMV launch can stream all of their packed (or
+bf16) weights past one x broadcast and drain each matrix's rows to its own output (``Shape.parts`` of
+``kernels/gemv.py`` and ``kernels/qgemv.py``, one dataflow), bit-identical to the separate launches.
+``merged_stage`` marks those runs (``KernelGroup.merged``) and gives each run's first op a config the merged shape
+tiles (the first op's own if it does, else the family default, for qgemv first keeping its columns, weight channels
+and compute rows). The ``multi-matrix-launches`` decode skill proposes it and keeps it only when faster and
+correct.
 """
 
 from __future__ import annotations
@@ -53,11 +54,15 @@ def merged_config(spec: ModelSpec, group: KernelGroup, run: list[str], rows: int
     graph = block_graph(spec)
     first = next(c for c in group.calls if c.op == run[0])
     shape = MergedLinear(tuple(graph.node(o) for o in run)).shape(first.family, spec, rows, first.config)
-    if first.config.get("tile_m") and _legal(first.family, shape, first.config):
+    if _legal(first.family, shape, first.config):
         return dict(first.config)
     mod = family(first.family)
-    keep = {"cols": first.config.get("cols"), "channels": first.config.get("weight_channels", 1)}
-    for kw in ({**keep, "rows": first.config.get("rows", 1)}, keep, {}):
+    if first.family == "qgemv":
+        keep = {"cols": first.config.get("cols"), "channels": first.config.get("weight_channels", 1)}
+        variants: tuple[dict[str, Any], ...] = ({**keep, "rows": first.config.get("rows", 1)}, keep, {})
+    else:
+        variants = ({},)
+    for kw in variants:
         try:
             return asdict(mod.default_config(shape, **kw))
         except DesignError:

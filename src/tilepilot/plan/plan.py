@@ -56,8 +56,8 @@ class KernelCall:
 
 
 # families whose launch may serve several ops of a group (``KernelGroup.merged``): one multi-matrix GEMV over
-# matrices that read the same input (kernels/qgemv.py ``Shape.parts``)
-MERGEABLE_FAMILIES = ("qgemv",)
+# matrices that read the same input (kernels/gemv.py and qgemv.py ``Shape.parts``)
+MERGEABLE_FAMILIES = ("gemv", "qgemv")
 
 
 @dataclass

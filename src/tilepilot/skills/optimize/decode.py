@@ -18,8 +18,8 @@ skips the masked ones); AIR then built a template per window so the readback mat
   rows apart), so each token streams only the KV blocks of the smallest window holding its context.
 
 - ``multi-matrix-launches``: the linear ops of a group that read the same input (Q/K/V, gate/up) as one
-  multi-matrix quantized GEMV launch each (``plan.merge.merged_stage``): one design switch and one x stream instead
-  of several, bit-identical outputs.
+  multi-matrix GEMV launch each, bf16 or quantized (``plan.merge.merged_stage``): one design switch and one x stream
+  instead of several, bit-identical outputs.
 
 All are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
 prefill is not slower and the model gate passes; every attempt is a row of ``perf_opt_traj.md`` with its before/after
@@ -96,9 +96,9 @@ class WindowedKvReadback(PlanOptimization):
 class MultiMatrixLaunches(PlanOptimization):
     name = "multi-matrix-launches"
     description = (
-        "Runs the quantized projections of a group that read the same input (Q/K/V, gate/up) as one multi-matrix "
-        "GEMV launch each: one x stream past all of their packed weights, each matrix's rows drained to its own "
-        "output. Use when a decode group launches several quantized GEMVs over one activation."
+        "Runs the projections of a group that read the same input (Q/K/V, gate/up) as one multi-matrix GEMV launch "
+        "each (bf16 or packed weights): one x stream past all of their weights, each matrix's rows drained to its "
+        "own output. Use when a decode group launches several GEMVs over one activation."
     )
     purpose = (
         "Removes a design switch and the tile configuration of every launch it merges (inside a one-dispatch decode "
