@@ -112,6 +112,8 @@ def test_sabotage_stale_cached_outputs(ws, tmp_path):
     out = evaluate_in_fresh_process(ws, STALE_CACHE, tmp_path, SEED)
     reasons = " ".join(out["reasons"])
     assert out["verdict"] == "FAIL" and "stale outputs: first prompt correct, the second wrong" in reasons
+    fails = {c["name"] for c in out["checks"] if c["status"] == "fail"}
+    assert "outputs-distinct" in fails  # two different prompts, one answer
 
 
 def test_sabotage_stale_cached_gate_results(ws):
