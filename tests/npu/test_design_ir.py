@@ -19,6 +19,7 @@ from tilepilot.npu.design import (
     ObjectFifo,
     Release,
     Runtime,
+    RuntimeTask,
     TensorAccessPattern,
     TensorSpec,
     TileKernel,
@@ -154,3 +155,19 @@ def test_group_bindings_detect_argument_mismatches():
     assert any("does not match" in p for p in shape.binding_problems())
     dup = MultiLaunchGroup("g", [a, a], [])
     assert any("more than once" in p for p in dup.binding_problems())
+
+
+def test_runtime_shim_ends_follow_the_task_list():
+    """The shim-end index answers from the current task list: an appended task, a replaced list and a sort are
+    seen (a stale index would give a fifo the wrong producer and let the validator pass a broken design)."""
+    tap = TensorAccessPattern((8,), 0, (8,), (1,))
+    rt = Runtime()
+    rt.fill("a", "x", tap, group=1)
+    assert rt.fills("a") and not rt.drains("a") and not rt.fills("b")
+    rt.drain("b", "y", tap, group=0)
+    assert rt.drains("b") and not rt.fills("b")
+    rt.tasks.sort(key=lambda t: t.group)
+    assert rt.fills("a") and rt.drains("b")
+    assert [[t.fifo for t in g] for g in rt.groups()] == [["b"], ["a"]]
+    rt.tasks = [RuntimeTask("drain", "a", "x", tap)]
+    assert rt.drains("a") and not rt.fills("a") and not rt.drains("b")

@@ -472,6 +472,8 @@ class Runtime:
     """The host-side program of one dispatch: an ordered list of fill / drain tasks in task groups."""
 
     tasks: list[RuntimeTask] = field(default_factory=list)
+    # (the task list it was built from, its length, filled fifos, drained fifos): see _shim_fifos
+    _shim_index: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def fill(self, fifo: str, tensor: str, tap: TensorAccessPattern, group: int = 0) -> Runtime:
         self.tasks.append(RuntimeTask("fill", fifo, tensor, tap, group))
@@ -483,8 +485,32 @@ class Runtime:
 
     def groups(self) -> list[list[RuntimeTask]]:
         """Tasks bucketed by group id, in execution order (task order preserved inside a group)."""
-        ids = sorted({t.group for t in self.tasks})
-        return [[t for t in self.tasks if t.group == g] for g in ids]
+        buckets: dict[int, list[RuntimeTask]] = {}
+        for t in self.tasks:
+            buckets.setdefault(t.group, []).append(t)
+        return [buckets[g] for g in sorted(buckets)]
+
+    def fills(self, fifo: str) -> bool:
+        """True when a task of this runtime fills ``fifo`` from DDR (the shim is its producer)."""
+        return fifo in self._shim_fifos()[0]
+
+    def drains(self, fifo: str) -> bool:
+        """True when a task of this runtime drains ``fifo`` to DDR (the shim is its consumer)."""
+        return fifo in self._shim_fifos()[1]
+
+    def _shim_fifos(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The filled and drained fifo names, rebuilt whenever the task list is replaced or grows.
+
+        The validator and the placer ask for a fifo's endpoints once per fifo and per check, and a large GEMM's
+        runtime has thousands of tasks: scanning them on every question made validation quadratic (most of a
+        tuner's time). Tasks are frozen, so a list that is the same object with the same length (appends are the
+        only growth; a sort keeps the set) has the same fifos."""
+        idx = self._shim_index
+        if idx is None or idx[0] is not self.tasks or idx[1] != len(self.tasks):
+            filled = frozenset(t.fifo for t in self.tasks if t.kind == "fill")
+            drained = frozenset(t.fifo for t in self.tasks if t.kind == "drain")
+            idx = self._shim_index = (self.tasks, len(self.tasks), filled, drained)
+        return idx[2], idx[3]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -544,14 +570,14 @@ class Design:
         """Every endpoint that writes into ``fifo`` according to use (a legal fifo has exactly one)."""
         out: list[Endpoint] = [worker_end(w.name) for w in self.workers if fifo in w.outputs]
         out += [link_end(lk.name) for lk in self.links if fifo in lk.dsts]
-        if any(t.kind == "fill" and t.fifo == fifo for t in self.runtime.tasks):
+        if self.runtime.fills(fifo):
             out.append(SHIM)
         return out
 
     def consumers(self, fifo: str) -> list[Endpoint]:
         out: list[Endpoint] = [worker_end(w.name) for w in self.workers if fifo in w.inputs]
         out += [link_end(lk.name) for lk in self.links if fifo in lk.srcs]
-        if any(t.kind == "drain" and t.fifo == fifo for t in self.runtime.tasks):
+        if self.runtime.drains(fifo):
             out.append(SHIM)
         return out
 
