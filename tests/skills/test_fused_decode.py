@@ -105,10 +105,11 @@ def test_a_pass_longer_than_the_watchdog_is_refused_by_its_code(fresh_ctx):
 
 
 def _npu_decode_ctx(fresh_ctx, timing_prompt_len: int, fused: bool = False):
-    """A workspace whose plan is the paper's grouping with decode attention and the LM head moved to the NPU."""
+    """A workspace whose plan is the paper's grouping with decode attention and the final RMSNorm (the paper's CPU
+    ops) moved to the NPU."""
     ctx = fresh_ctx(timing_prompt_len=timing_prompt_len, greedy_steps=6, proposal_greedy_steps=3)
     plan = paper_like_plan(ctx.plan.model_spec())
-    plan, _ = _to_npu(plan, "decode", ("kv_write", "attention"))
+    plan, _ = _to_npu(plan, "decode", ("kv_write", "attention", "rmsnorm"))
     ctx.save_plan(fused_stage(plan) if fused else plan)
     ctx.opt_stage = "decode"
     return ctx

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tilepilot.calibrate.frozen import record
 from tilepilot.calibrate.harness import (
     E2E_FIT_PARAMS,
     KERNEL_FIT_PARAMS,
@@ -33,12 +34,14 @@ from tilepilot.calibrate.harness import (
 )
 from tilepilot.errors import ConfigError
 from tilepilot.npu.calibration import (
+    FROZEN_FIT,
     IRON_CONFIGURE_S,
     IRON_DESIGN_SWITCH_S,
     IRON_DISPATCH_S,
     IRON_RESET_S,
     PRIOR,
     Calibration,
+    FrozenFit,
 )
 
 FOLDS = 5
@@ -111,7 +114,7 @@ FIT_CHOICES: tuple[FitChoice, ...] = (
         ),  # fmt: skip
     ),
 )
-FROZEN_CHOICE = FIT_CHOICES[0].name  # the choice npu/calibration.py's kernel constants were fitted with
+FROZEN_CHOICE = FROZEN_FIT.choice  # the choice npu/calibration.py's kernel constants were fitted with
 
 
 def fit_choice(name: str) -> FitChoice:
@@ -222,6 +225,7 @@ class FullFit:
     chosen: CrossValidation
     kernel: FitResult
     end_to_end: FitResult
+    record: FrozenFit  # what to freeze beside the constants (npu/calibration.FROZEN_FIT)
 
 
 def fit_all(progress: Callable[[str], None] | None = None, *, end_to_end: bool = True) -> FullFit:
@@ -237,4 +241,5 @@ def fit_all(progress: Callable[[str], None] | None = None, *, end_to_end: bool =
         if end_to_end
         else FitResult(kernel.calibration, 0.0, 0.0, {}, 0)
     )
-    return FullFit(results, chosen, kernel, e2e)
+    rec = record(rows, e2e.calibration, choice=chosen.choice.name, cv_loss=chosen.loss, end_to_end=end_to_end)
+    return FullFit(results, chosen, kernel, e2e, rec)

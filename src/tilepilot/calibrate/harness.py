@@ -176,6 +176,9 @@ class CalibrationReport:
     held_out: dict[str, list[Figure]] | None = None
     cross_validation: dict[str, Any] | None = None
     paper: list[PaperPrediction] = field(default_factory=list)
+    # Whether the constants are the recorded fit (calibrate/frozen.py fills it): each objective recomputed against
+    # npu/calibration.FROZEN_FIT; a mismatch fails the report.
+    frozen_fit: dict[str, Any] | None = None
 
     @property
     def families(self) -> dict[str, FamilySummary]:
@@ -201,6 +204,8 @@ class CalibrationReport:
                 out.append(f"{f.label}: not modeled yet ({f.note})")
             elif f.abs_err > END_TO_END_ABS_ERR:
                 out.append(f"{f.label}: modeled/published = {f.ratio:.2f} (limit +-{END_TO_END_ABS_ERR:.0%})")
+        for m in (self.frozen_fit or {}).get("mismatches", []):
+            out.append(f"the constants are not the recorded fit ({m}); refit with calibrate --fit and freeze it")
         for lim in self.limits:
             if not lim.ok:
                 out.append(
@@ -230,6 +235,7 @@ class CalibrationReport:
             "paper_predictions": [p.to_dict() for p in self.paper],
             "limits": [lim.to_dict() for lim in self.limits],
             "fitted_constants": fitted_values(self.calibration),
+            "frozen_fit": self.frozen_fit,
             "failures": self.failures(),
         }
 
@@ -709,7 +715,7 @@ def paper_predictions(
         spec = get_zoo_model(model).spec()
         plan = paper_like_plan(spec)
         t = time_plan(plan, spec, E2E_PROMPT, cal=cal, cpu=cpu)
-        per_layer = tuple(sum(g.where == "npu" for g in plan.stage(st).block) for st in ("prefill", "decode"))
+        per_layer = (plan.dispatches_per_layer("prefill"), plan.dispatches_per_layer("decode"))
         role = "fit" if model == E2E_MODEL else "prediction"
         published = tuple(structure[model]) if model in structure else None
         out.append(PaperPrediction(model, role, t.ttft_s, figs["ttft_s"], t.decode_tok_s, figs["decode_tok_s"],

@@ -208,6 +208,58 @@ class Calibration:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class FrozenFit:
+    """What ``CALIBRATION`` is: the fit choice ``calibrate --fit`` chose by cross-validated loss and the objective
+    values its constants reach, as that command printed them (its ``frozen_fit`` record). A test recomputes the
+    objectives of ``CALIBRATION`` on the rows (``tests/calibrate/test_frozen_fit.py``, the cheap tables and the
+    probe rows; ``tilepilot calibrate``, every row and the end-to-end figures) and fails when they differ, so a
+    constant edited by hand, or a model change not followed by a refit, cannot pass for the fit.
+
+    ``table_losses``: in-sample ``calibrate/harness.table_loss`` per table over all its rows; ``probe_losses``: the
+    same over each table's probe rows (``calibrate/crossval.probe_rows``: the rows whose designs build in well under
+    a second, so a fast test can time them); ``kernel_loss``: their mean (the fit's objective); ``e2e_loss``: the
+    end-to-end stage's objective (``harness.e2e_loss``) over the Llama-3.2-1B figures; ``cv_loss``: the chosen
+    choice's cross-validated loss."""
+
+    choice: str
+    cv_loss: float
+    kernel_loss: float
+    e2e_loss: float
+    table_losses: tuple[tuple[str, float], ...]
+    probe_losses: tuple[tuple[str, float], ...]
+
+    def to_dict(self) -> dict:
+        return {"choice": self.choice, "cv_loss": self.cv_loss, "kernel_loss": self.kernel_loss,
+                "e2e_loss": self.e2e_loss, "table_losses": dict(self.table_losses),
+                "probe_losses": dict(self.probe_losses)}  # fmt: skip
+
+
+# FITTED: printed by `tilepilot calibrate --fit --json` ("frozen_fit") with the constants above.
+FROZEN_FIT = FrozenFit(
+    choice="dispatch+memory+efficiencies",
+    cv_loss=0.01127,
+    kernel_loss=0.010938750765485658,
+    e2e_loss=0.033647110562708686,
+    table_losses=(
+        ("eltwise_add", 0.0005243363781096439),
+        ("flash_attention", 0.00299274167467525),
+        ("gemm", 0.047518326393035014),
+        ("gemv", 0.007764389426047111),
+        ("rmsnorm", 0.011134376824560557),
+        ("rope", 0.00406459869049511),
+        ("silu_mul", 0.002572485971476927),
+    ),
+    probe_losses=(
+        ("eltwise_add", 0.0005243363781096439),
+        ("gemm", 0.053010490638705554),
+        ("gemv", 0.007764389426047111),
+        ("rmsnorm", 0.011134376824560557),
+        ("rope", 0.00406459869049511),
+        ("silu_mul", 0.002572485971476927),
+    ),
+)
+
 PHYSICAL_FIELDS: tuple[str, ...] = ("core_load_bytes_per_cycle", "vector_ops_per_cycle")
 FITTED: tuple[str, ...] = tuple(f.name for f in fields(Calibration) if f.name not in PHYSICAL_FIELDS)
 

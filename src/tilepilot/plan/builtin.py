@@ -5,10 +5,12 @@
   LM head) on the CPU. Correct first; the optimization skills take it from there.
 - ``iron-like``: how ``reference/xdna2.md`` describes the IRON baseline: one dispatch per op, weights
   synced on every call, decode attention on the CPU, host transposes, KV cache managed by the host.
-- ``paper-like``: the paper's reference deployment: 3 dispatches per layer in prefill
-  (rms+QKV(+bias, +Q/K norm)+RoPE | flash attention | O+residual+RMSNorm+gate/up+SwiGLU+down+residual),
-  2 in decode with attention on the CPU, static (preloaded) weights, skipped redundant writes,
-  seq-first layout, LM head on the NPU.
+- ``paper-like``: how the paper deployed the model (``plan.paper_deployments``, one row per model of
+  ``reference/xdna2.md``): rms+QKV(+bias, +Q/K norm)+RoPE | flash attention | O+FFN in one to five dispatches in
+  prefill; in decode the fused O+FFN cascade or standalone GEMVs with the M=1 glue on the CPU; decode attention and
+  the final RMSNorm on the CPU; host seq<->head transposes around head-first (head_dim 128) attention; static
+  (preloaded) weights, skipped redundant writes, LM head on the NPU. The reference deployment (Llama-3.2-1B: 3 / 2
+  dispatches) for a model the paper did not deploy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tilepilot.errors import ConfigError
 from tilepilot.model.graph import CPU_FAMILY, BlockGraph, OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.plan.air_q4 import air_q4_plan
+from tilepilot.plan.paper_deployments import REFERENCE, paper_deployment
 from tilepilot.plan.plan import DeploymentPlan, HostPolicy, KernelCall, KernelGroup, StagePlan, check_plan, npu_family
 
 
@@ -88,22 +91,67 @@ def iron_like_plan(spec: ModelSpec) -> DeploymentPlan:
     return plan
 
 
+# short names of the post-attention ops, to name the split groups as the paper named its ELFs (o_res_norm, gate_up,
+# swiglu_down_add, ...)
+_TAGS = {"o_proj": "o", "o_bias": "bias", "resid1": "res", "ffn_norm": "norm", "gate_proj": "gate", "up_proj": "up",
+         "swiglu": "swiglu", "down_proj": "down", "resid2": "add"}  # fmt: skip
+
+
+def _split(nodes: list[OpNode], cuts: tuple[str, ...]) -> list[list[OpNode]]:
+    """``nodes`` cut before every op named in ``cuts``."""
+    parts: list[list[OpNode]] = [[]]
+    for n in nodes:
+        if n.op in cuts and parts[-1]:
+            parts.append([])
+        parts[-1].append(n)
+    return parts
+
+
+def _names(parts: list[list[OpNode]], whole: str) -> list[str]:
+    """``whole`` for an unsplit part, else the ops' short names joined (``o_res_norm``, ``gate_up``, ...)."""
+    return [whole] if len(parts) == 1 else ["_".join(_TAGS.get(n.op, n.op) for n in p) for p in parts]
+
+
+def _decode_standalone(nodes: list[OpNode]) -> list[KernelGroup]:
+    """Decode O+FFN without the fused cascade: every projection a standalone GEMV dispatch (a bias joins its
+    projection's), the M=1 glue between them (residual add, FFN RMSNorm, SwiGLU) in CPU groups."""
+    runs: list[tuple[str, list[OpNode]]] = []
+    for n in nodes:
+        where = "npu" if n.kind in ("linear", "bias") else "cpu"
+        if runs and runs[-1][0] == where and n.kind != "linear":
+            runs[-1][1].append(n)
+        else:
+            runs.append((where, [n]))
+    tags = ["_".join(_TAGS.get(n.op, n.op) for n in ns) for _, ns in runs]
+    return [
+        _group(f"{tag.split('_')[0]}_gemv" if where == "npu" else f"cpu_{tag}", ns, "decode", where)
+        for tag, (where, ns) in zip(tags, runs, strict=True)
+    ]
+
+
 def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
+    """The paper's deployment of ``spec``'s model (``plan.paper_deployments``: its row of the table, or the
+    reference deployment's for a model the paper did not deploy), one builder for every row."""
     graph = block_graph(spec)
+    facts = paper_deployment(spec)
+    known = facts is not None
+    facts = facts or REFERENCE
+    head_first = facts.head_first if known else spec.head_dim >= 128
     nodes = list(graph.block)
     split_attn = [n.op for n in nodes].index("attention")
     pre, attn, post = nodes[:split_attn], nodes[split_attn], nodes[split_attn + 1 :]
+    final_norm, lm_head = graph.head
 
     def stage_plan(stage: str) -> StagePlan:
-        first = "rms_gemms_rope" if stage == "prefill" else "rms_gemv_rope"
-        last = "o_ffn" if stage == "prefill" else "o_gemv_ffn"
-        attention = (
-            _group("flash_attn", [attn], stage) if stage == "prefill" else _group("cpu_attention", [attn], stage, "cpu")
-        )
-        return StagePlan(
-            block=[_group(first, pre, stage), attention, _group(last, post, stage)],
-            head=[_group("lm_head", list(graph.head), stage)],
-        )
+        if stage == "prefill":
+            block = [_group("rms_gemms_rope", pre, stage), _group("flash_attn", [attn], stage)]
+            parts = _split(post, facts.prefill_cuts)
+            block += [_group(name, part, stage) for name, part in zip(_names(parts, "o_ffn"), parts, strict=True)]
+        else:
+            block = [_group("rms_gemv_rope", pre, stage), _group("cpu_attention", [attn], stage, "cpu")]
+            block += [_group("o_gemv_ffn", post, stage)] if facts.decode_cascade else _decode_standalone(post)
+        head = [_group("cpu_final_norm", [final_norm], stage, "cpu"), _group("lm_head", [lm_head], stage)]
+        return StagePlan(block=block, head=head)
 
     plan = DeploymentPlan(
         name="paper-like",
@@ -111,12 +159,20 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
         prefill=stage_plan("prefill"),
         decode=stage_plan("decode"),
         host=HostPolicy(
-            weights="preloaded", zero_copy=False, skip_unchanged_writes=True, reuse_buffers=True, layout="seq_first"
+            weights="preloaded",
+            zero_copy=False,
+            skip_unchanged_writes=True,
+            reuse_buffers=True,
+            layout="host_transpose" if head_first else "seq_first",
         ),
         notes=[
-            "paper-like: the paper's reference deployment (3 dispatches per layer in prefill, 2 in decode)",
-            "KV cache written by the projection group's drain; decode attention on the host CPU",
-            "static weights preloaded once; redundant writes skipped; seq-first layout; LM head on the NPU",
+            f"paper-like: the paper's deployment of {facts.model if known else 'its reference model ' + facts.model}"
+            f" ({facts.source})",
+            "attention-input ELF: RMSNorm + Q/K/V (+ QKV bias / QK-norm) + RoPE; its drain writes the KV cache",
+            "decode attention and the final RMSNorm on the host CPU"
+            + ("" if facts.decode_cascade else "; decode projections standalone GEMVs, the M=1 glue on the CPU"),
+            ("head-first FlashAttention with host seq<->head transposes" if head_first else "seq-first layout")
+            + "; static weights preloaded once; redundant writes skipped; LM head on the NPU",
         ],
     )
     check_plan(plan, spec)
