@@ -575,10 +575,11 @@ def _bytes_through_fifos(s: Structure, fifos: dict[str, _Fifo]) -> dict[str, flo
     known: dict[str, float] = {}
     for t in s.tasks:
         known[t.fifo] = known.get(t.fifo, 0.0) + t.nbytes
+    task_fifos = {t.fifo for t in s.tasks}
     for w in s.workers:
         acq = dict(w.acquires)
         for f in w.inputs + w.outputs:
-            if f in fifos and f not in {t.fifo for t in s.tasks}:
+            if f in fifos and f not in task_fifos:
                 b = fifos[f].obj_bytes * acq.get(f, 1) * w.iterations
                 known[f] = max(known.get(f, 0.0), b)  # broadcast: every consumer sees the same objects
     # Links pass objects one for one: a split/join/forward moves as many objects on each side.

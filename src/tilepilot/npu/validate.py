@@ -30,6 +30,7 @@ innermost transfer and offset must be whole 32-bit words; every element inside t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tilepilot.errors import TilepilotError
@@ -118,15 +119,33 @@ class DesignError(TilepilotError, ValueError):
 # ----------------------------------------------------------------------------------------------------------------------
 def tap_problems(tap: TensorAccessPattern, dtype: str = "bf16") -> list[str]:
     """Why a pattern cannot be one shim/mem DMA BD (empty list = legal)."""
+    problems, final = _loop_problems(tap.sizes, tap.strides, dtype)
+    if final:
+        return list(problems)
+    problems = list(problems)
+    eb = _dtype_bytes(dtype)
+    off_words = tap.offset * eb / WORD_BYTES
+    if off_words != int(off_words):
+        problems.append(f"offset {tap.offset} is not 32-bit word aligned")
+    lo, hi = tap.index_range()
+    if lo < 0 or hi >= tap.tensor_elements:
+        problems.append(f"reaches elements {lo}..{hi} of a tensor of {tap.tensor_elements} elements")
+    return problems
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _loop_problems(sizes: tuple[int, ...], strides: tuple[int, ...], dtype: str) -> tuple[tuple[str, ...], bool]:
+    """The problems of a pattern's loop nest alone (and whether they end the check), cached: a large GEMM's runtime
+    has thousands of chunk patterns that differ only in their offsets."""
     problems: list[str] = []
     eb = _dtype_bytes(dtype)
-    n = len(tap.sizes)
+    n = len(sizes)
     if n == 0 or n > TAP_MAX_DIMS:
-        return [f"has {n} dimensions, the DMA supports 1 to {TAP_MAX_DIMS}"]
-    if any(s < 1 for s in tap.sizes):
-        return [f"has sizes {list(tap.sizes)}; every size must be at least 1"]
+        return (f"has {n} dimensions, the DMA supports 1 to {TAP_MAX_DIMS}",), True
+    if any(s < 1 for s in sizes):
+        return (f"has sizes {list(sizes)}; every size must be at least 1",), True
     for pos in range(n):
-        size, stride = tap.sizes[pos], tap.strides[pos]
+        size, stride = sizes[pos], strides[pos]
         dim = n - 1 - pos  # 0 = innermost
         if stride < 0:
             problems.append(f"dimension {dim} has negative stride {stride}")
@@ -153,13 +172,7 @@ def tap_problems(tap: TensorAccessPattern, dtype: str = "bf16") -> list[str]:
                 problems.append(f"dimension {dim} stride {stride} is not a whole number of 32-bit words")
             elif sw > TAP_MAX_STRIDE_WORDS:
                 problems.append(f"dimension {dim} stride {int(sw)} words exceeds {TAP_MAX_STRIDE_WORDS}")
-    off_words = tap.offset * eb / WORD_BYTES
-    if off_words != int(off_words):
-        problems.append(f"offset {tap.offset} is not 32-bit word aligned")
-    lo, hi = tap.index_range()
-    if lo < 0 or hi >= tap.tensor_elements:
-        problems.append(f"reaches elements {lo}..{hi} of a tensor of {tap.tensor_elements} elements")
-    return problems
+    return tuple(problems), False
 
 
 def legal_taps(
