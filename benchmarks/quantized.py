@@ -253,6 +253,18 @@ def render(data: dict[str, Any]) -> str:
             f"**{'met' if g['met'] else 'not met'}**. Where the time goes is in the JSON (`dispatches`) and in "
             "`tilepilot bench MODEL_DIR --plan air-q4`.",
         ]
+        if "launches" in g:
+            floor = g["switch_floor_s"]
+            out += [
+                "",
+                f"What limits it (modeled): its one decode dispatch holds {g['launches']} launches; their design "
+                f"switches and tile configuration take {g['switches_and_config_s'] * 1e3:.2f} ms per token and the "
+                f"launches themselves (weight streaming, compute) {g['launches_s'] * 1e3:.2f} ms. The switches alone, "
+                f"({g['launches']} - 1) x launch_in_group_s ({CALIBRATION.launch_in_group_s * 1e6:.1f} us, "
+                f"`npu/calibration.py`) = {floor * 1e3:.2f} ms, cap decode at {1 / floor:.1f} tok/s even if every "
+                "weight streamed in zero time: the per-launch cost of the timing model, not the weight feed, is what "
+                "stands between this plan and the goal.",
+            ]
     return "\n".join(out) + "\n"
 
 
@@ -350,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
             "ttft_s": r["ttft_s"],
             "bf16_ttft_s": bf["ttft_s"],
             "met": met,
+            # what the per-launch cost alone allows: every launch after the first pays a design switch
+            "launches": r["decode_dispatch"]["launches"],
+            "switch_floor_s": (r["decode_dispatch"]["launches"] - 1) * CALIBRATION.launch_in_group_s,
+            "switches_and_config_s": r["decode_dispatch"]["design_switches_and_tile_config_s"],
+            "launches_s": r["decode_dispatch"]["launches_s"],
         }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_smollm2:

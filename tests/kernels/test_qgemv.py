@@ -121,3 +121,51 @@ def test_a_multi_matrix_launch_is_refused_when_a_matrix_does_not_tile():
         qgemv.make_design(qgemv.Shape(104, 64, 1, "q4_0", 32, (64, 40)), qgemv.Config(2, 8, 64, fmt="q4_0"))
     with pytest.raises(DesignError, match="parts"):
         qgemv.make_design(qgemv.Shape(100, 64, 1, "q4_0", 32, (64, 32)), qgemv.Config(2, 8, 64, fmt="q4_0"))
+
+
+UNEVEN = [
+    (qgemv.Shape(40, 64, 1, "q4_0", 32), qgemv.Config(3, 4, 64, 2, 2, "q4_0", rows=2, tile_m0=2)),
+    (qgemv.Shape(60, 128, 2, "q4_1", 32, (40, 20)), qgemv.Config(3, 4, 64, 2, 2, "q4_1", rows=2, tile_m0=2)),
+    (qgemv.Shape(48, 64, 1, "q8_0", 32), qgemv.Config(2, 4, 64, 1, 2, "q8_0", rows=1, tile_m0=4)),
+    (qgemv.Shape(112, 64, 1, "q4_0", 32), qgemv.Config(3, 4, 64, 2, 2, "q4_0", rows=4, tile_m0=6)),
+]
+
+
+@pytest.mark.parametrize(("shape", "config"), UNEVEN, ids=lambda v: str(v))
+def test_an_uneven_split_is_legal_and_the_same_numbers(shape, config):
+    """Column 0 feeds weights on one channel (x on its other), the others on both, rows in proportion: a legal
+    design whose tile path, fast path and even-split GEMV agree bit for bit."""
+    design = qgemv.make_design(shape, config)
+    assert validate(design) == []
+    x = rand_bf16(shape.m, shape.k, seed=7)
+    ins = {"x": x}
+    names = [("w", "y")] if not shape.parts else [(f"w{j}", f"y{j}") for j in range(len(shape.parts))]
+    for (w, _), nj in zip(names, shape.matrices(), strict=True):
+        ins[w] = quantize(rand_bf16(nj, shape.k, seed=30 + nj, scale=0.05), shape.fmt, shape.block).data
+    tile, exact = run_tile(design, ins), run_fast(design, ins, exact=True)
+    for (w, y), nj in zip(names, shape.matrices(), strict=True):
+        even = qgemv.make_design(qgemv.Shape(nj, shape.k, shape.m, shape.fmt, shape.block), qgemv.Config(
+            1, 4, config.tile_k, fmt=shape.fmt, block=shape.block))  # fmt: skip
+        ref = run_fast(even, {"x": x, "w": ins[w]}, exact=True)["y"]
+        assert torch.equal(tile[y], ref) and torch.equal(exact[y], ref)
+    # every column but the first feeds both shim channels; column 0's second channel carries x
+    weight_fifos = {f.name: f.shim_placement.col for f in design.fifos if f.name.startswith("w_") and f.shim_placement}
+    assert len(weight_fifos) == 2 * config.cols - 1
+    assert next(f for f in design.fifos if f.name == "x").shim_placement.col == 0
+
+
+def test_an_uneven_split_streams_more_channels_and_the_tuner_takes_it_where_the_shim_binds():
+    """Llama-3.2-1B's gate/up (one launch) on 8 even columns is bound by one shim channel per column; 15 channels in
+    proportion reach the DDR bound, and the tuner picks it (modeled)."""
+    shape = qgemv.Shape(16384, 2048, 1, "q4_0", 32, (8192, 8192))
+    even = qgemv.make_design(shape, qgemv.Config(8, 4, 256, 2, 1, "q4_0", rows=4))
+    uneven = qgemv.make_design(shape, qgemv.Config(8, 36, 256, 2, 2, "q4_0", rows=4, tile_m0=4))
+    assert validate(even) == [] and validate(uneven) == []
+    t_even, t_uneven = time_dispatch(even), time_dispatch(uneven)
+    assert t_even.designs[0].limiter.startswith("shim") and t_uneven.designs[0].limiter == "ddr"
+    assert t_uneven.seconds < t_even.seconds
+    assert any(c.tile_m0 for c in qgemv.candidate_configs(shape))
+    with pytest.raises(DesignError, match="uneven"):
+        qgemv.make_design(shape, qgemv.Config(8, 36, 256, 2, 1, "q4_0", rows=4, tile_m0=4))
+    with pytest.raises(DesignError, match="N=8192"):
+        qgemv.make_design(shape, qgemv.Config(8, 36, 256, 2, 2, "q4_0", rows=4, tile_m0=6))

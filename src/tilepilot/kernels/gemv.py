@@ -304,7 +304,11 @@ class WeightStream:
 class Tiling:
     """The tiling every matrix-vector design shares (see the module docstring): ``cols`` x ``rows`` workers,
     ``tile_m`` output rows x ``tile_k`` of K per call, weight fifos ``depth`` deep, the weights of a column on
-    ``channels`` shim MM2S channels (2: a free column's shim carries x, so ``cols`` < the device's columns)."""
+    ``channels`` shim MM2S channels (2: a free column's shim carries x, so ``cols`` < the device's columns).
+
+    ``tile_m0`` > 0: an uneven, channel-proportional row split: column 0's second shim channel carries x, so its
+    weights ride one channel and its workers take ``tile_m0`` rows per call, while every other column feeds both
+    channels with ``tile_m`` rows per worker; with 8 columns the weights stream on 15 shim channels."""
 
     cols: int
     rows: int
@@ -312,10 +316,26 @@ class Tiling:
     tile_k: int
     depth: int
     channels: int = 1
+    tile_m0: int = 0
+
+    def column(self, c: int) -> tuple[int, int]:
+        """(weight channels, rows per worker and call) of column ``c``."""
+        if self.tile_m0 and c == 0:
+            return 1, self.tile_m0
+        return self.channels, self.tile_m
+
+    def rows_per_iteration(self) -> int:
+        """Output rows all columns produce per iteration: every matrix of a launch is a whole number of these."""
+        return sum(self.rows * self.column(c)[1] for c in range(self.cols))
 
 
 def matvec_dataflow(
-    shape: Any, t: Tiling, stream: WeightStream, kernel: TileKernel, worker: str, local_bytes: int
+    shape: Any,
+    t: Tiling,
+    stream: WeightStream,
+    kernel: Callable[[int], TileKernel],
+    worker: str,
+    local_bytes: Callable[[int], int],
 ) -> tuple[list[Fifo], list, list[Worker], Runtime]:
     """Fifos, links, workers and runtime of a matrix-vector design, for every family that streams a weight matrix
     past one x broadcast (gemv over bf16 rows, qgemv over packed blocks: ``stream`` says which).
@@ -325,17 +345,24 @@ def matvec_dataflow(
     ``channels`` shim channels (two: half the rows each, joined in the memory tile), split by the memory tile into
     one (tile_m, chunk) object per compute row; x is re-sent for every output block; outputs are joined per column
     and drained to each matrix's own output tensor. One task group per run of at most TAP_MAX_REPEAT output blocks
-    of one matrix, so every stream of a group is one or two patterns, within the shim's buffer descriptors."""
-    cols, rows, tm, tk, depth, ch, m, k = t.cols, t.rows, t.tile_m, t.tile_k, t.depth, t.channels, shape.m, shape.k
+    of one matrix, so every stream of a group is one or two patterns, within the shim's buffer descriptors.
+    ``kernel(tile_m)`` and ``local_bytes(tile_m)`` give a worker's kernel and local memory for its rows per call
+    (columns differ under an uneven split, ``Tiling.tile_m0``); a column's rows of a matrix are contiguous."""
+    cols, rows, tk, depth, m, k = t.cols, t.rows, t.tile_k, t.depth, shape.m, shape.k
     cb, rb = stream.chunk, stream.row
-    block = rows * tm  # output rows a column produces per iteration
     ksteps = k // tk
-    iters = sum(nj // cols // block for nj in shape.matrices())
-    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(0 if ch == 1 else cols, SHIM_ROW))]
+    total = t.rows_per_iteration()
+    blocks = [rows * t.column(c)[1] for c in range(cols)]  # output rows column c produces per iteration
+    starts = [sum(blocks[:c]) for c in range(cols)]
+    iters = sum(nj // total for nj in shape.matrices())
+    x_col = cols if t.channels == 2 and not t.tile_m0 else 0
+    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(x_col, SHIM_ROW))]
     workers: list[Worker] = []
     links = []
-    sub = block // ch  # weight rows each shim channel carries per call
     for c in range(cols):
+        ch, tm = t.column(c)
+        block = blocks[c]
+        sub = block // ch  # weight rows each shim channel carries per call
         shim, mem = Tile(c, SHIM_ROW), Tile(c, MEM_ROW)
         w_names = [f"w_{c}_{j}" for j in range(ch)]
         fifos += [Fifo(name, (sub, cb), stream.dtype, depth, shim_placement=shim) for name in w_names]
@@ -362,12 +389,12 @@ def matvec_dataflow(
             workers.append(
                 Worker(
                     name=f"{worker}_{r}_{c}",
-                    kernel=kernel,
+                    kernel=kernel(tm),
                     inputs=(w_in[r], "x"),
                     outputs=(y_out[r],),
                     iterations=iters,
                     placement=Tile(c, FIRST_COMPUTE_ROW + r),
-                    local_bytes=local_bytes,
+                    local_bytes=local_bytes(tm),
                     acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1},
                     calls_per_iteration=ksteps,
                 )
@@ -375,21 +402,23 @@ def matvec_dataflow(
     rt = Runtime()
     group = 0
     for nj, (w_t, y_t) in zip(shape.matrices(), tensor_names(shape), strict=True):
-        per_col = nj // cols
-        for i0 in range(0, per_col // block, TAP_MAX_REPEAT):
-            nb = min(TAP_MAX_REPEAT, per_col // block - i0)
+        its = nj // total  # iterations of this matrix: every column produces blocks[c] of its rows in each
+        for i0 in range(0, its, TAP_MAX_REPEAT):
+            nb = min(TAP_MAX_REPEAT, its - i0)
             # x is re-sent for every output block (the broadcast delivers each object to every worker)
             for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
                 rt.fill("x", "x", tap, group)
             for c in range(cols):
+                (ch, tm), block = t.column(c), blocks[c]
+                sub = block // ch
+                row0 = its * starts[c] + i0 * block  # column c's first row of this task group
                 for j in range(ch):
-                    w_off = (c * per_col + i0 * block + j * sub) * rb
+                    w_off = (row0 + j * sub) * rb
                     taps = stream_taps((nj, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], stream.dtype)
                     for tap in taps:
                         rt.fill(f"w_{c}_{j}", w_t, tap, group)
-                y_off = c * per_col + i0 * block
                 y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
-                for tap in stream_taps((m, nj), y_off, [nb, rows, m, tm], [block, tm, nj, 1]):
+                for tap in stream_taps((m, nj), row0, [nb, rows, m, tm], [block, tm, nj, 1]):
                     rt.drain(y_fifo, y_t, tap, group)
             group += 1
     return fifos, links, workers, rt
@@ -417,7 +446,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     stream = WeightStream("bf16", k, config.tile_k)
     tiling = Tiling(config.cols, config.rows, config.tile_m, config.tile_k, config.depth)
     local = 4 * m * config.tile_m if config.acc == "fp32" else 0
-    fifos, links, workers, rt = matvec_dataflow(shape, tiling, stream, _kernel(shape, config), "mv", local)
+    kernel = _kernel(shape, config)
+    fifos, links, workers, rt = matvec_dataflow(shape, tiling, stream, lambda tm: kernel, "mv", lambda tm: local)
     inputs, outputs = matvec_tensors(shape, stream)
     design = Design(
         name=f"gemv_{n}x{k}_m{m}{parts_suffix(shape)}",

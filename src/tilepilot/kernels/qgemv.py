@@ -12,7 +12,10 @@ other channel of column 0's shim); 2 = both MM2S channels of every column carry 
 (rows [0, tile_m/2) and [tile_m/2, tile_m)) into the column's memory tile, which joins them into one object
 for the compute tile, as AIR's dual-channel fused decode does; x then needs a shim of
 its own, the first column the design does not use, so 2 channels need cols < the device's columns. The tuner
-picks whichever the timing model says is faster.
+picks whichever the timing model says is faster. ``tile_m0`` > 0 (uneven, channel-proportional rows): column 0's
+second channel carries x, its weights ride one channel with ``tile_m0`` rows per worker, every other column feeds
+both channels with ``tile_m`` rows per worker, so 8 columns stream weights on 15 shim channels; a column's rows of
+each matrix stay contiguous (``gemv.Tiling``). The tuner tries the best-balanced row pairs the shape divides into.
 
 Numerics: exactly a bf16 GEMV over ``QuantTensor.deployed()`` (the dequantized weights rounded once to
 bf16), which is what the oracle runs. Fast path: dequantize the whole tensor, then ``numerics.matmul`` with
@@ -83,6 +86,10 @@ class Config:
     fmt: str = "q4_0"
     block: int = 32
     rows: int = 1
+    tile_m0: int = 0
+
+    def tiling(self) -> Tiling:
+        return Tiling(self.cols, self.rows, self.tile_m, self.tile_k, self.depth, self.weight_channels, self.tile_m0)
 
 
 def _err(message: str) -> DesignError:
@@ -94,8 +101,9 @@ def chunk_bytes(shape: Shape, tile_k: int) -> int:
 
 
 def l1_bytes(shape: Shape, config: Config) -> int:
-    """W byte chunk x depth, x chunk and y block double-buffered, decoded bf16 chunk, fp32 acc, stack."""
-    tm, tk, m = config.tile_m, config.tile_k, shape.m
+    """W byte chunk x depth, x chunk and y block double-buffered, decoded bf16 chunk, fp32 acc, stack (the larger
+    worker of an uneven split)."""
+    tm, tk, m = max(config.tile_m, config.tile_m0), config.tile_k, shape.m
     w = config.depth * tm * chunk_bytes(shape, tk)
     return w + 2 * (2 * m * tk + 2 * m * tm) + 2 * tm * tk + 4 * m * tm + CORE_STACK_BYTES
 
@@ -116,7 +124,10 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"shape {shape} is not a GEMV (1..{MAX_TOKENS} tokens, non-empty)")
     if config.weight_channels not in (1, 2):
         raise _err(f"weight_channels must be 1 or 2, got {config.weight_channels}")
-    if config.weight_channels == 2 and (config.cols >= device.columns or (config.rows * config.tile_m) % 2):
+    if config.tile_m0:
+        if config.weight_channels != 2 or config.cols < 2 or config.tile_m0 % 2 or config.tile_m % 2:
+            raise _err("an uneven split feeds columns 1.. on both channels (weight_channels 2, cols >= 2, even tiles)")
+    elif config.weight_channels == 2 and (config.cols >= device.columns or (config.rows * config.tile_m) % 2):
         raise _err("two weight channels per column need a free column's shim for x and an even tile_m")
     if config.rows > 1 and config.rows % config.weight_channels:
         raise _err(f"{config.rows} compute rows do not share {config.weight_channels} weight channels evenly")
@@ -124,14 +135,17 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"{config.rows} compute rows per column do not fit {device.name}; use 1..4")
     if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
         raise _err(f"config {config} does not fit {device.name}")
-    check_parts(shape, config.cols * config.rows * config.tile_m, _err)
+    if config.tile_m0 < 0:
+        raise _err(f"tile_m0 {config.tile_m0} must be 0 (even split) or a row count")
+    check_parts(shape, config.tiling().rows_per_iteration(), _err)
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
         raise _err(f"a {config.tile_k}-value chunk of {shape.fmt} is not a whole number of 32-bit words")
 
 
-def _kernel(shape: Shape, config: Config) -> TileKernel:
+def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKernel:
+    """The tile's decode-and-matvec kernel for ``tile_m`` rows per call (default the config's)."""
     fmt, block = shape.fmt, shape.block
 
     def qmatvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
@@ -144,7 +158,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
         if ctx.last:
             y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
 
-    tm, tk, m = config.tile_m, config.tile_k, shape.m
+    tm, tk, m = tile_m or config.tile_m, config.tile_k, shape.m
     return TileKernel(
         name=f"qmatvec_{fmt}_b{block}_{tm}x{tk}",
         fn=qmatvec_tile,
@@ -163,9 +177,12 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     m, n, k, tm, tk = shape.m, shape.n, shape.k, config.tile_m, config.tile_k
     rb = k // shape.block * block_bytes(shape.fmt, shape.block)  # packed bytes per weight row
     stream = WeightStream("uint8", rb, chunk_bytes(shape, tk))
-    tiling = Tiling(config.cols, config.rows, tm, tk, config.depth, config.weight_channels)
-    local = 4 * m * tm + 2 * tm * tk  # fp32 accumulator + the decoded bf16 chunk
-    fifos, links, workers, rt = matvec_dataflow(shape, tiling, stream, _kernel(shape, config), "qmv", local)
+    kernels = {t: _kernel(shape, config, t) for t in {tm, config.tile_m0} if t}
+
+    def local(rows: int) -> int:
+        return 4 * m * rows + 2 * rows * tk  # fp32 accumulator + the decoded bf16 chunk
+
+    fifos, links, workers, rt = matvec_dataflow(shape, config.tiling(), stream, kernels.__getitem__, "qmv", local)
     inputs, outputs = matvec_tensors(shape, stream)
     design = Design(
         name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}",
@@ -236,8 +253,34 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                             cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows)
                             if fits(shape, cfg, device):
                                 out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
+    for cfg in uneven_configs(shape, device, [t for t in tile_k_choices(shape.k) if t % shape.block == 0]):
+        out.append(((cfg.depth != 2, -(2 * cfg.cols - 1) * cfg.rows, -cfg.tile_m * cfg.tile_k, 3, cfg.rows), cfg))
     out.sort(key=lambda x: x[0])
     return [c for _, c in out]
+
+
+def uneven_configs(shape: Shape, device: Device, ks: list[int], per_rows: int = 1, chunks: int = 2) -> list[Config]:
+    """Uneven, channel-proportional splits on every column (``Tiling.tile_m0``: 15 weight channels on 8 columns):
+    for each compute-row count the ``per_rows`` row pairs (tile_m0, tile_m) whose busiest channel carries the fewest
+    rows over the launch, among those whose rows per iteration divide every matrix of the launch, each with the
+    ``chunks`` largest K chunks that fit L1 double-buffered."""
+    cols = device.columns
+    out: list[Config] = []
+    for rows in (4, 2, 1):
+        if rows > min(4, device.compute_rows):
+            continue
+        pairs = []
+        for tm in range(2, 2 * max(TILE_M_CHOICES) + 1, 2):
+            for tm0 in range(2, tm + 1, 2):
+                total = rows * (tm0 + (cols - 1) * tm)
+                if all(n % total == 0 for n in shape.matrices()):
+                    per_iteration = [n // total for n in shape.matrices()]
+                    busiest = max(rows * tm0, rows * tm // 2) * sum(per_iteration)  # rows on the busiest channel
+                    pairs.append((busiest, -tm, tm0, tm))
+        for _, _, tm0, tm in sorted(pairs)[:per_rows]:
+            legal = [c for c in (Config(cols, tm, tk, 2, 2, shape.fmt, shape.block, rows, tm0) for tk in ks)]
+            out += [c for c in legal if fits(shape, c, device)][:chunks]
+    return out
 
 
 def default_config(
