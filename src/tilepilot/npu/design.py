@@ -131,9 +131,9 @@ class TensorAccessPattern:
     strides: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tensor_shape", tuple(int(s) for s in self.tensor_shape))
-        object.__setattr__(self, "sizes", tuple(int(s) for s in self.sizes))
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        object.__setattr__(self, "tensor_shape", tuple(map(int, self.tensor_shape)))
+        object.__setattr__(self, "sizes", tuple(map(int, self.sizes)))
+        object.__setattr__(self, "strides", tuple(map(int, self.strides)))
         if len(self.sizes) != len(self.strides):
             raise ConfigError(
                 f"Access pattern has {len(self.sizes)} sizes but {len(self.strides)} strides; give one stride per size."

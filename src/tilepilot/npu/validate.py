@@ -190,11 +190,8 @@ def legal_taps(
         dims = [(1, 1)]
     # fold a long contiguous innermost run: size n, stride 1 -> (n / b, b) with b the largest legal divisor
     s0, st0 = dims[-1]
-    max_inner = int(TAP_MAX_SIZE * WORD_BYTES / _dtype_bytes(dtype))
-    if st0 == 1 and s0 > max_inner:
-        b = next((d for d in range(max_inner, 0, -1) if s0 % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0), 0)
-        if b:
-            dims[-1:] = [(s0 // b, b), (b, 1)]
+    if st0 == 1 and (b := _inner_block(s0, dtype)):
+        dims[-1:] = [(s0 // b, b), (b, 1)]
     tap = TensorAccessPattern(tensor_shape, offset, tuple(d[0] for d in dims), tuple(d[1] for d in dims))
     if not tap_problems(tap, dtype):
         return [tap]
@@ -218,6 +215,16 @@ def legal_taps(
     for i in range(size):  # otherwise peel the outermost loop into one pattern per index
         out += legal_taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype)
     return out
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _inner_block(run: int, dtype: str) -> int:
+    """The largest legal innermost size dividing a contiguous ``run`` too long for one dimension (0: none needed or
+    none exists); cached because every chunk of a tiled tensor asks for the same few runs."""
+    max_inner = int(TAP_MAX_SIZE * WORD_BYTES / _dtype_bytes(dtype))
+    if run <= max_inner:
+        return 0
+    return next((d for d in range(max_inner, 0, -1) if run % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0), 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
