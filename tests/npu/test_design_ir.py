@@ -169,5 +169,8 @@ def test_runtime_shim_ends_follow_the_task_list():
     rt.tasks.sort(key=lambda t: t.group)
     assert rt.fills("a") and rt.drains("b")
     assert [[t.fifo for t in g] for g in rt.groups()] == [["b"], ["a"]]
+    rt.fill("a", "x", TensorAccessPattern((8,), 0, (2, 2), (4, 1)))
+    moved = [rt.moved_elements(kind, fifo) for kind, fifo in (("fill", "a"), ("drain", "a"), ("drain", "b"))]
+    assert moved == [12, 0, 8]
     rt.tasks = [RuntimeTask("drain", "a", "x", tap)]
     assert rt.drains("a") and not rt.fills("a") and not rt.drains("b")

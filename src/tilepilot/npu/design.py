@@ -472,7 +472,7 @@ class Runtime:
     """The host-side program of one dispatch: an ordered list of fill / drain tasks in task groups."""
 
     tasks: list[RuntimeTask] = field(default_factory=list)
-    # (the task list it was built from, its length, filled fifos, drained fifos): see _shim_fifos
+    # (the task list it was built from, its length, filled fifos, drained fifos, elements per (kind, fifo))
     _shim_index: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def fill(self, fifo: str, tensor: str, tap: TensorAccessPattern, group: int = 0) -> Runtime:
@@ -498,6 +498,11 @@ class Runtime:
         """True when a task of this runtime drains ``fifo`` to DDR (the shim is its consumer)."""
         return fifo in self._shim_fifos()[1]
 
+    def moved_elements(self, kind: str, fifo: str) -> int:
+        """Elements the runtime's ``kind`` ("fill" / "drain") tasks move through ``fifo`` over one launch."""
+        self._shim_fifos()
+        return self._shim_index[4].get((kind, fifo), 0)
+
     def _shim_fifos(self) -> tuple[frozenset[str], frozenset[str]]:
         """The filled and drained fifo names, rebuilt whenever the task list is replaced or grows.
 
@@ -507,9 +512,12 @@ class Runtime:
         only growth; a sort keeps the set) has the same fifos."""
         idx = self._shim_index
         if idx is None or idx[0] is not self.tasks or idx[1] != len(self.tasks):
-            filled = frozenset(t.fifo for t in self.tasks if t.kind == "fill")
-            drained = frozenset(t.fifo for t in self.tasks if t.kind == "drain")
-            idx = self._shim_index = (self.tasks, len(self.tasks), filled, drained)
+            moved: dict[tuple[str, str], int] = {}
+            for t in self.tasks:
+                moved[(t.kind, t.fifo)] = moved.get((t.kind, t.fifo), 0) + t.tap.n_elements
+            filled = frozenset(f for k, f in moved if k == "fill")
+            drained = frozenset(f for k, f in moved if k == "drain")
+            idx = self._shim_index = (self.tasks, len(self.tasks), filled, drained, moved)
         return idx[2], idx[3]
 
 

@@ -305,8 +305,11 @@ def _endpoints(design: Design) -> list[Violation]:
 def _runtime(design: Design) -> list[Violation]:
     out: list[Violation] = []
     outputs = {t.name for t in design.outputs}
+    # names are unique and known here (validate checks _names first); a GEMM runtime has thousands of tasks
+    fifos = {f.name: f for f in design.fifos}
+    tensors = {t.name: t for t in design.inputs + design.outputs}
     for t in design.runtime.tasks:
-        f, spec = design.fifo(t.fifo), design.tensor(t.tensor)
+        f, spec = fifos[t.fifo], tensors[t.tensor]
         where = f"runtime {t.kind} {t.tensor} <-> fifo {t.fifo}"
         if t.kind == "drain" and t.tensor not in outputs:
             out.append(Violation("TENSOR_ROLE", None, f"{where} writes into {t.tensor}, which is not a design output"))
@@ -394,8 +397,7 @@ def _objects_produced(design: Design) -> dict[str, int | None]:
             if end.kind == "worker":
                 n = design.worker(end.name).total_acquires()[name]
             elif end.kind == "shim":
-                n = sum(t.tap.n_elements for t in design.runtime.tasks if t.fifo == name and t.kind == "fill")
-                n = n // f.obj_elements
+                n = design.runtime.moved_elements("fill", name) // f.obj_elements
             else:
                 lk = design.link(end.name)
                 counts = [produced(s, seen | {name}) for s in lk.srcs]
@@ -424,8 +426,7 @@ def _balance(design: Design) -> list[Violation]:
             if end.kind == "worker":
                 taken = design.worker(end.name).total_acquires()[f.name]
             elif end.kind == "shim":
-                moved = sum(t.tap.n_elements for t in design.runtime.tasks if t.fifo == f.name and t.kind == "drain")
-                taken = moved // f.obj_elements
+                taken = design.runtime.moved_elements("drain", f.name) // f.obj_elements
             else:
                 continue  # links pass through whatever arrives
             if taken != n:
