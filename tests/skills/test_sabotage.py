@@ -154,10 +154,12 @@ LOWER_PRECISION = """
     import tilepilot.kernels.gemv as gv
     import tilepilot.npu.numerics as nx
 
-    def _fast(config):
+    def _fast(config, shape=None):
+        names = gv.tensor_names(shape or gv.Shape(1, 1))  # each matrix of the launch: (weight, output) names
+
         def fast(inputs, *, exact=False):  # silently bfp16 operands, bf16 partial sums, while the plan says fp32
-            y = nx.matmul(inputs["x"], inputs["w"], acc="bf16", k_chunk=32, operands="bfp16", exact=exact)
-            return {"y": y}
+            x = inputs["x"]
+            return {y: nx.matmul(x, inputs[w], acc="bf16", k_chunk=32, operands="bfp16", exact=exact) for w, y in names}
         return fast
 
     gv._fast = _fast
