@@ -71,28 +71,20 @@ def resource_use(design: Design) -> dict[Tile, TileUse]:
             use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} (shared, {f.depth} x {f.obj_bytes} B)")
             use[tile].locks += LOCKS_PER_FIFO_END
             continue
-        for end in design.producers(f.name):
-            tile = design.endpoint_tile(end, f.name)
-            if tile is None:
-                continue
-            if end.kind == "worker":
-                use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} out ({f.depth} x {f.obj_bytes} B)")
-                use[tile].mm2s += 1
-                use[tile].bds += f.depth
-                use[tile].locks += LOCKS_PER_FIFO_END
-            elif end.kind == "shim":
-                use[tile].mm2s += 1
-        for end in design.consumers(f.name):
-            tile = design.endpoint_tile(end, f.name)
-            if tile is None:
-                continue
-            if end.kind == "worker":
-                use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} in ({f.depth} x {f.obj_bytes} B)")
-                use[tile].s2mm += 1
-                use[tile].bds += f.depth
-                use[tile].locks += LOCKS_PER_FIFO_END
-            elif end.kind == "shim":
-                use[tile].s2mm += 1
+        # a producer end sends on an MM2S channel, a consumer end receives on an S2MM one; a worker end also holds
+        # the fifo's buffers, its BDs and its locks in its own tile (link ends are counted by link_cost below)
+        sides = ((design.producers(f.name), "out", "mm2s"), (design.consumers(f.name), "in", "s2mm"))
+        for ends, side, channel in sides:
+            for end in ends:
+                tile = design.endpoint_tile(end, f.name)
+                if tile is None or end.kind not in ("worker", "shim"):
+                    continue
+                u = use[tile]
+                setattr(u, channel, getattr(u, channel) + 1)
+                if end.kind == "worker":
+                    u.add_memory(f.buffer_bytes, f"fifo {f.name} {side} ({f.depth} x {f.obj_bytes} B)")
+                    u.bds += f.depth
+                    u.locks += LOCKS_PER_FIFO_END
     for lk in design.links:
         if lk.placement is None:
             continue
