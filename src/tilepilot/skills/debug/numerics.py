@@ -102,8 +102,9 @@ class FixErrorGrowth(ReconfigureSkill):
         "Restores full-precision numerics on every call whose config computes in a narrower type (block-FP16 "
         "operands, bf16 partial sums, a residual or activation stored in fp8/fp16 instead of bf16, bf16 RoPE "
         "angles), changing only that option when it suffices, and re-configures any call whose probe misses its "
-        "kernel gate or is measurably less accurate than its family default. Use when per-layer cosine falls "
-        "steadily with depth while the first layer is right."
+        "kernel gate or is measurably less accurate than its family default. Use when per-layer cosine (or, on a "
+        "trained model whose massive activations dominate it, each layer's lowest token cosine) falls steadily with "
+        "depth while the first layer is right."
     )
     purpose = "Stops small per-layer errors from compounding into a failing model."
     commands = resume_commands("fix-error-growth")

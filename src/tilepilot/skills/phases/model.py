@@ -31,7 +31,9 @@ class FullModelValidation(PhaseSkill):
     )
     failure_modes = (
         "NaN/Inf, error growing with depth, late positions only, one LM-head partition wrong, correct first call "
-        "then stale, RoPE layout mismatch: each classified and sent to its debug skill.",
+        "then stale, RoPE layout mismatch, a kernel wrong on the tokens carrying massive activations: each "
+        "classified (a failed gate adds the lowest token cosine per layer and each call run alone on the model's "
+        "activations to its evidence) and sent to its debug skill.",
         "Anything else stops the deployment as needs-human-review with the numbers.",
     )
 
