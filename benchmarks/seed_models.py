@@ -341,7 +341,8 @@ def build_rows(
             "dispatches_per_layer": perf["dispatches_per_layer"],
             "before": dep["performance"].get("before"),
             "paper_like": dep["performance"].get("paper_like"),
-            "clock": "modeled (CPU groups inside: measured)",
+            "iron_like": dep["performance"].get("iron_like"),
+            "clock": "modeled (CPU groups modeled; their measured wall clock beside)",
         }
         if ref_tp is not None:
             tp = sustained(spec, perf["ttft_s"], perf["decode_ms_per_token"] / 1e3)

@@ -27,6 +27,9 @@ CASES = [
     ((48, 96, 32), gemm.Config(rows=4, cols=3, tile_m=16, tile_k=16, tile_n=8, orient="m_cols", acc="bf16")),
     ((96, 24, 16), gemm.Config(rows=3, cols=6, tile_m=8, tile_k=8, tile_n=8, orient="m_cols")),
     ((40, 20, 16), gemm.Config(rows=1, cols=6, tile_m=4, tile_k=8, tile_n=8, orient="m_cols", pad=True)),
+    # AIR's f32-output kernels: C in fp32, accumulated in place (also for the in-buffer "direct" accumulator)
+    ((32, 32, 64), gemm.Config(rows=2, cols=2, tile_m=16, tile_k=16, tile_n=16, out_dtype="fp32")),
+    ((32, 32, 64), gemm.Config(rows=2, cols=2, tile_m=16, tile_k=16, tile_n=16, acc="bf16", out_dtype="fp32")),
 ]
 
 
@@ -169,3 +172,26 @@ def test_direct_partial_sums_round_trip_once_per_l2_k_tile():
     assert tuple(drain.meta["spill"]) == (0, 0)
     with pytest.raises(DesignError, match="L2 K tile"):
         gemm.make_design(shape, replace(base, tile_k_l2=48))
+
+
+def test_fp32_output_moves_four_bytes_per_element_and_accumulates_in_its_buffer():
+    """An f32-output GEMM (AIR's `external` / f32 `direct` rows) drains 4 B per C element, holds one fp32 C buffer
+    per worker instead of a bf16 C pair plus a separate fp32 accumulator, returns fp32, and times slower than the
+    same tiling with bf16 output when the drain matters."""
+    shape = gemm.Shape(256, 512, 64)
+    base = gemm.Config(rows=4, cols=8, tile_m=32, tile_k=32, tile_n=64, orient="m_cols")
+    bf, f32 = gemm.make_design(shape, base), gemm.make_design(shape, replace(base, out_dtype="fp32"))
+    assert validate(f32) == []
+    assert f32.ddr_write_bytes() == 2 * bf.ddr_write_bytes() == 4 * 256 * 512
+    assert f32.ddr_read_bytes() == bf.ddr_read_bytes()
+    tm, tn = 32, 64
+    # bf16: a double-buffered bf16 C (2 x 2 B) plus the fp32 accumulator (4 B); fp32: one fp32 C buffer (4 B)
+    assert gemm.l1_bytes(base) - gemm.l1_bytes(replace(base, out_dtype="fp32")) == (2 * 2 + 4 - 4) * tm * tn
+    a, w = _inputs(256, 512, 64)
+    out = run_fast(f32, gemm.prepare_inputs(f32, a, w), exact=True)["c"]
+    assert out.dtype == torch.float32
+    assert time_design(f32).seconds > time_design(bf).seconds
+    spill = gemm.make_design(gemm.Shape(256, 512, 512), replace(base, acc="bf16", tile_k_l2=256, out_dtype="fp32"))
+    assert tuple(spill.meta["spill"]) == (1, 4 * tm * tn)
+    with pytest.raises(DesignError, match="output dtype"):
+        gemm.make_design(shape, replace(base, out_dtype="int8"))

@@ -67,6 +67,9 @@ class Config:
     # AIR's L2 K tile: with bf16 accumulation (its "direct" method) the partial sum leaves the tile after every
     # tile_k_l2 of K and comes back for the next (a memory-tile round trip the kernel waits for). 0: no L2 K tiling.
     tile_k_l2: int = 0
+    # The output C's dtype in DDR (and in its fifos): "bf16", or "fp32" as AIR's f32-output kernels write it (4 B per
+    # element drained; the fp32 C buffer is the accumulator, so no separate one).
+    out_dtype: str = "bf16"
 
 
 ORIENTS = ("m_rows", "m_cols")
@@ -91,11 +94,32 @@ def padded_shape(shape: Shape, config: Config) -> Shape:
     return Shape(up(shape.m, hm * config.tile_m), up(shape.n, hn * config.tile_n), up(shape.k, config.tile_k))
 
 
+def out_bytes(config: Config) -> int:
+    """Bytes of one output element (C in its fifos and in DDR)."""
+    return 4 if config.out_dtype == "fp32" else 2
+
+
+def accumulator(config: Config) -> str:
+    """How partial sums accumulate: an fp32 output buffer accumulates in fp32 whatever ``acc`` says."""
+    return "fp32" if config.out_dtype == "fp32" else config.acc
+
+
+def separate_accumulator(config: Config) -> bool:
+    """An fp32 scratch accumulator beside a bf16 C buffer (an fp32 C buffer accumulates in place)."""
+    return config.acc == "fp32" and config.out_dtype != "fp32"
+
+
+def c_depth(config: Config) -> int:
+    """Buffers of the C fifo: an fp32 C buffer is the accumulator, held for the whole K loop and drained before the
+    next output block starts (one buffer: AIR's f32 tiles, e.g. 64x128x4 B = 32 KiB, leave no room for two)."""
+    return 1 if config.out_dtype == "fp32" else config.depth
+
+
 def l1_bytes(config: Config) -> int:
     """Compute-tile memory one worker needs: A, W, C fifos x depth + fp32 accumulator + stack."""
     tm, tk, tn = config.tile_m, config.tile_k, config.tile_n
-    fifos = config.depth * 2 * (tm * tk + tn * tk + tm * tn)
-    return fifos + (4 * tm * tn if config.acc == "fp32" else 0) + CORE_STACK_BYTES
+    fifos = config.depth * 2 * (tm * tk + tn * tk) + c_depth(config) * out_bytes(config) * tm * tn
+    return fifos + (4 * tm * tn if separate_accumulator(config) else 0) + CORE_STACK_BYTES
 
 
 def _check_config(shape: Shape, config: Config, device: Device) -> None:
@@ -105,6 +129,8 @@ def _check_config(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"orientation {config.orient!r} is unknown; use one of {ORIENTS}")
     if config.acc not in nx.ACCUMULATORS:
         raise _err(f"accumulator {config.acc!r} is unknown; use one of {nx.ACCUMULATORS}")
+    if config.out_dtype not in nx.OUTPUT_FORMATS:
+        raise _err(f"output dtype {config.out_dtype!r} is unknown; use one of {nx.OUTPUT_FORMATS}")
     if not 1 <= config.rows <= min(4, device.compute_rows) or not 1 <= config.cols <= device.columns:
         raise _err(
             f"{config.rows} x {config.cols} tiles do not fit {device.name}; use rows <= 4 and cols <= {device.columns}"
@@ -135,13 +161,14 @@ def _check_config(shape: Shape, config: Config, device: Device) -> None:
 def _numerics(config: Config) -> nx.Numerics:
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
     points = ("operands:bfp16",) if operands == "bfp16" else ()
-    points += ("partial_sum:bf16",) if config.acc == "bf16" else ("accumulate:fp32",)
-    return nx.Numerics(operands, config.acc, config.tile_k, "bf16", points + ("output:bf16",))
+    acc = accumulator(config)
+    points += ("partial_sum:bf16",) if acc == "bf16" else ("accumulate:fp32",)
+    return nx.Numerics(operands, acc, config.tile_k, config.out_dtype, points + (f"output:{config.out_dtype}",))
 
 
 def _kernel(config: Config) -> TileKernel:
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
-    acc = config.acc
+    acc, out = accumulator(config), config.out_dtype
 
     def matmul_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         a, w = ins
@@ -152,7 +179,7 @@ def _kernel(config: Config) -> TileKernel:
                 ctx.scratch["acc"] = torch.zeros(c.shape, dtype=torch.float32)
             ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], partial, "fp32")
             if ctx.last:
-                c.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
+                c.copy_(nx.finish(ctx.scratch["acc"], out))
         else:
             if ctx.first:
                 c.zero_()  # IRON's zero kernel before the K loop
@@ -160,12 +187,14 @@ def _kernel(config: Config) -> TileKernel:
 
     tm, tk, tn = config.tile_m, config.tile_k, config.tile_n
     return TileKernel(
-        name=f"matmul_{config.variant}_{acc}_{tm}x{tk}x{tn}",
+        name=f"matmul_{config.variant}_{acc}_{tm}x{tk}x{tn}" + ("" if out == "bf16" else f"_{out}out"),
         fn=matmul_tile,
         variant=config.variant,
         macs_per_call=tm * tk * tn,
-        bytes_per_call=2 * (tm * tk + tn * tk + tm * tn) + (4 * tm * tn if acc == "fp32" else 0),
-        params={"tile_m": tm, "tile_k": tk, "tile_n": tn, "acc": acc},
+        bytes_per_call=2 * (tm * tk + tn * tk)
+        + out_bytes(config) * tm * tn
+        + (4 * tm * tn if separate_accumulator(config) else 0),
+        params={"tile_m": tm, "tile_k": tk, "tile_n": tn, "acc": acc, "out": out},
     )
 
 
@@ -206,10 +235,11 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         fifos.append(Fifo(f"{col_op}_l2_{c}", (col_rows, tk), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
         fifos.append(Fifo(f"{col_op}_{c}", (col_rows, tk), "bf16", depth))
         links.append(forward(f"{col_op}_link_{c}", f"{col_op}_l2_{c}", f"{col_op}_{c}", Tile(c, MEM_ROW)))
-        fifos.append(Fifo(f"C_l2_{c}", (rows * tm, tn), "bf16", depth, shim_placement=Tile(c, SHIM_ROW)))
+        c_d = c_depth(config)
+        fifos.append(Fifo(f"C_l2_{c}", (rows * tm, tn), config.out_dtype, c_d, shim_placement=Tile(c, SHIM_ROW)))
         srcs = [f"C_{r}_{c}" for r in range(rows)]
         for s_ in srcs:
-            fifos.append(Fifo(s_, (tm, tn), "bf16", depth))
+            fifos.append(Fifo(s_, (tm, tn), config.out_dtype, c_d))
         links.append(join(f"C_link_{c}", srcs, f"C_l2_{c}", [r * tm * tn for r in range(rows)], Tile(c, MEM_ROW)))
 
     kernel = _kernel(config)
@@ -225,7 +255,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             outputs=(f"C_{r}_{c}",),
             iterations=mb_count * nb_count,
             placement=Tile(c, FIRST_COMPUTE_ROW + r),
-            local_bytes=4 * tm * tn if config.acc == "fp32" else 0,
+            local_bytes=4 * tm * tn if separate_accumulator(config) else 0,
             acquires={operands(r, c)[0]: kt, operands(r, c)[1]: kt, f"C_{r}_{c}": 1},
             calls_per_iteration=kt,
         )
@@ -234,10 +264,10 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     ]
     runtime = _runtime(p, config, n_s, rpl, device)
     design = Design(
-        name=f"gemm_{shape.m}x{shape.n}x{shape.k}",
+        name=f"gemm_{shape.m}x{shape.n}x{shape.k}" + ("" if config.out_dtype == "bf16" else f"_{config.out_dtype}out"),
         device=device,
         inputs=[TensorSpec("a", (p.m, p.k)), TensorSpec("w", (p.n, p.k))],
-        outputs=[TensorSpec("c", (p.m, p.n))],
+        outputs=[TensorSpec("c", (p.m, p.n), config.out_dtype)],
         fifos=fifos,
         links=links,
         workers=workers,
@@ -265,7 +295,7 @@ def spill(p: Shape, config: Config) -> tuple[int, int]:
     bf16 accumulation and an L2 K tile, once per L2 K tile but the last (AIR's "direct" method); else none."""
     if config.acc != "bf16" or not config.tile_k_l2 or config.tile_k_l2 >= p.k:
         return 0, 0
-    return -(-p.k // config.tile_k_l2) - 1, 2 * config.tile_m * config.tile_n
+    return -(-p.k // config.tile_k_l2) - 1, out_bytes(config) * config.tile_m * config.tile_n
 
 
 def _runtime(p: Shape, config: Config, n_s: int, rpl: int, device: Device) -> Runtime:
@@ -327,7 +357,8 @@ def _fast(config: Config):
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        c = nx.matmul(inputs["a"], inputs["w"], acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
+        c = nx.matmul(inputs["a"], inputs["w"], acc=accumulator(config), k_chunk=config.tile_k, operands=operands,
+                      output=config.out_dtype, exact=exact)  # fmt: skip
         return {"c": c}
 
     return fast

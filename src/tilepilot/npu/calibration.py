@@ -38,8 +38,9 @@ IRON_DESIGN_SWITCH_S = (38.5e-6 + 39.3e-6) / 2  # switching to another design (a
 # kernel sustains inside its loop, loop overhead excluded.
 _EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (  # sorted by family name
     # FITTED by `tilepilot calibrate --fit` (calibrate/crossval.fit_all, docs/calibration.md): the fit choice with
-    # the lowest cross-validated loss ("dispatch+memory+efficiencies", CV loss 0.01127), fitted from PRIOR (every
-    # efficiency 0.5) to the 133 rows of npu2_kernel_measurements.json. No end-to-end figure moves an efficiency.
+    # the lowest cross-validated loss ("dispatch+memory+efficiencies", CV loss 0.01119, FROZEN_FIT), fitted from
+    # PRIOR (every efficiency 0.5) to the 133 rows of npu2_kernel_measurements.json. No end-to-end figure moves an
+    # efficiency.
     # attention: the 2 FlashAttention rows (15.4-16.1 ms, 35.0 ms); AIR keeps softmax state in bf16, we in fp32.
     ("attention", 0.10511205190671431),
     # eltwise: the residual-add rows are DDR-bound; the fit leaves the prior (0.5) where it was.
@@ -74,24 +75,25 @@ class Calibration:
     # (kernel stage, all 133 rows; the launch floor of the small rows sets it) from PRIOR's 60 us (trivial XRT
     # kernel, xdna2.md). Consistent with "tiny launches floored at ~80-115 us". IRON's measured parts
     # (IRON_DISPATCH_S + IRON_CONFIGURE_S = 79 us, no per-tile term) were cross-validated as an alternative and lost
-    # (CV loss 0.01795 vs 0.01127): the rows' floor grows with the tiles a launch configures.
-    dispatch_overhead_s: float = 71.35242690016327e-6
+    # (CV loss 0.01795 vs 0.01127, the last comparison of every choice): the rows' floor grows with the tiles a
+    # launch configures. Refitted (chosen choice only) when f32 GEMM outputs got their 4 B: 71.4 -> 84.9 us.
+    dispatch_overhead_s: float = 84.85281374238571e-6
     # Configuring one tile for a launch (core program, BDs, locks, switch routes), per compute tile with a worker
     # and per memory tile with a link. FITTED by calibrate --fit (kernel stage: the GEMM launches, 32 workers + 8
     # memory tiles, floor at ~116 us against ~86 us for 8-tile streaming kernels) from the estimate 0.94 us; holding
-    # it at the estimate cross-validates worse (0.01305 vs 0.01127).
-    tile_config_s: float = 1.8800000000000006e-6
+    # it at the estimate cross-validates worse (0.01305 vs 0.01127). Refitted with f32 outputs at 4 B: 1.88 -> 0.79 us.
+    tile_config_s: float = 0.7904426303384919e-6
     # Extra cost of each launch after the first inside one multi-launch dispatch (reconfigure cores, BDs,
     # switches). FITTED by calibrate --fit (end-to-end stage, Llama-3.2-1B figures only: AIR's fused groups
-    # rms_gemms_rope 7.3 ms with 6 launches and o_ffn 41.0 ms with 8, xdna2.md) from 59.5 us, constrained below
+    # rms_gemms_rope 7.3 ms with 6 launches and o_ffn 41.0 ms with 8, xdna2.md) from 70.7 us, constrained below
     # dispatch_overhead_s (a launch inside a dispatch skips the host round trip). IRON measured a design switch at
     # 38.5-39.3 us (IRON_DESIGN_SWITCH_S); the Llama figures want more.
-    launch_in_group_s: float = 70.7102550580618e-6
+    launch_in_group_s: float = 84.08913841870423e-6
 
     # --- fitted: memory --------------------------------------------------------------------------------------------
     # Usable NPU share of DDR bandwidth, reads + writes together. FITTED by calibrate --fit (kernel stage: the
     # residual-add and RoPE rows) from PRIOR's 60 GB/s; xdna2.md: streaming kernels reach >= ~60 GB/s; ceiling 120.
-    ddr_bytes_per_s: float = 71.35242690016327e9
+    ddr_bytes_per_s: float = 71352426900.16325
     # What one shim DMA channel sustains to or from DDR: outstanding NoC requests x DDR latency cap it below the
     # 14.4 GB/s stream port. FITTED by calibrate --fit (kernel stage) jointly with the gemm and gemv efficiencies
     # from PRIOR's 8.9 GB/s (AIR's fused decode: 35.7 GB/s on 4 channels): the GEMM rows' A/W streams need ~6 GB/s
@@ -238,25 +240,25 @@ class FrozenFit:
 # FITTED: printed by `tilepilot calibrate --fit --json` ("frozen_fit") with the constants above.
 FROZEN_FIT = FrozenFit(
     choice="dispatch+memory+efficiencies",
-    cv_loss=0.01127,
-    kernel_loss=0.010938750765485658,
-    e2e_loss=0.033647110562708686,
+    cv_loss=0.01118559700220462,
+    kernel_loss=0.01057727178533532,
+    e2e_loss=0.03517389320779602,
     table_losses=(
-        ("eltwise_add", 0.0005243363781096439),
-        ("flash_attention", 0.00299274167467525),
-        ("gemm", 0.047518326393035014),
-        ("gemv", 0.007764389426047111),
-        ("rmsnorm", 0.011134376824560557),
-        ("rope", 0.00406459869049511),
-        ("silu_mul", 0.002572485971476927),
+        ("eltwise_add", 0.0005052877678272248),
+        ("flash_attention", 0.002996878748518738),
+        ("gemm", 0.0429822887731893),
+        ("gemv", 0.008907413285497844),
+        ("rmsnorm", 0.010470740657231444),
+        ("rope", 0.005508294271260467),
+        ("silu_mul", 0.002669998993822227),
     ),
     probe_losses=(
-        ("eltwise_add", 0.0005243363781096439),
-        ("gemm", 0.053010490638705554),
-        ("gemv", 0.007764389426047111),
-        ("rmsnorm", 0.011134376824560557),
-        ("rope", 0.00406459869049511),
-        ("silu_mul", 0.002572485971476927),
+        ("eltwise_add", 0.0005052877678272248),
+        ("gemm", 0.050293928683414535),
+        ("gemv", 0.008907413285497844),
+        ("rmsnorm", 0.010470740657231444),
+        ("rope", 0.005508294271260467),
+        ("silu_mul", 0.002669998993822227),
     ),
 )
 
