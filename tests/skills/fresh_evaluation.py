@@ -1,4 +1,5 @@
-"""`tilepilot evaluate` in a fresh process, optionally with a sabotage planted through ``sitecustomize``.
+"""`tilepilot evaluate` in a fresh process, optionally with a sabotage planted through ``sitecustomize``, and the
+forger's step every plan-editing sabotage shares.
 
 The evaluator must judge a deployment it did not build; a sabotage that patches the runtime only reaches it the way
 a real one would, from outside the process, so the evaluator and sabotage tests share this one launcher.
@@ -12,6 +13,20 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tilepilot.runtime.workspace import load_workspace
+from tilepilot.skills import journal as J
+from tilepilot.skills.context import plan_digest
+
+
+def rewrite_plan_digests(ws: Path) -> None:
+    """What a careful forger does after editing the plan: every gate claims the new plan."""
+    digest = plan_digest(load_workspace(ws).plan)
+    for p in (ws / J.GATES_DIR).glob("*.json"):
+        g = json.loads(p.read_text())
+        if "plan_digest" in g:
+            g["plan_digest"] = digest
+            p.write_text(json.dumps(g))
 
 
 def evaluate_in_fresh_process(ws: Path, site: str | None, tmp_path: Path, seed: int) -> dict:

@@ -14,11 +14,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fresh_evaluation import evaluate_in_fresh_process
+from fresh_evaluation import evaluate_in_fresh_process, rewrite_plan_digests
 
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills import journal as J
-from tilepilot.skills.context import plan_digest
 from tilepilot.skills.evaluator import evaluate
 
 SEED = 5
@@ -42,16 +41,6 @@ def _edit_gate(ws: Path, name: str, edit) -> None:
     p.write_text(json.dumps(g))
 
 
-def _rewrite_plan_digests(ws: Path) -> None:
-    """What a careful forger does after editing the plan: every gate claims the new plan."""
-    digest = plan_digest(load_workspace(ws).plan)
-    for p in (ws / J.GATES_DIR).glob("*.json"):
-        g = json.loads(p.read_text())
-        if "plan_digest" in g:
-            g["plan_digest"] = digest
-            p.write_text(json.dumps(g))
-
-
 def _fails(ev) -> dict[str, str]:
     return {c.name: c.detail for c in ev.checks if c.status == "fail"}
 
@@ -66,7 +55,7 @@ def test_sabotage_illegal_tiling_with_rewritten_digests(ws):
             if c.op == "up_proj" and c.family == "gemm":
                 c.config = {"tile_m": 64, "tile_n": 64, "tile_k": 512, "pad": True}
     w.set_plan(plan)
-    _rewrite_plan_digests(ws)
+    rewrite_plan_digests(ws)
     ev = evaluate(ws, seed=SEED)
     fails = _fails(ev)
     assert ev.verdict == "FAIL"

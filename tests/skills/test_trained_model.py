@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from contextlib import redirect_stdout
 from dataclasses import replace
 
 import pytest
 import torch
+from fresh_evaluation import rewrite_plan_digests
 
 from tilepilot.cli import main
 from tilepilot.gates import thresholds as T
 from tilepilot.harness.model_gate import model_gate
 from tilepilot.kernels.gemv import SERIAL_BF16
+from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills.context import DeployContext, Settings
+from tilepilot.skills.evaluator import evaluate
 
 LAYERS = 2
 
@@ -94,3 +98,20 @@ def test_kl_gate_passes_the_deployed_plan_and_fails_a_bf16_accumulating_lm_head(
     assert bad.failures and all(f.startswith("kl.") for f in bad.failures), bad.failures
     kl_good, kl_bad = good.measurements[T.KL_MEAN], bad.measurements[T.KL_MEAN]
     assert kl_good <= T.KL_MEAN_MAX < kl_bad and kl_bad > 10 * kl_good, (kl_good, kl_bad)
+
+
+def test_evaluator_kl_rerun_alone_catches_a_serial_bf16_lm_head_swapped_in_with_rewritten_digests(deployed, tmp_path):
+    """A sabotage only the evaluator's own KL re-run can catch (issue 13 item 3): after deployment the plan's LM head
+    is switched to the serial-bf16 accumulator (a legal design, the same modeled time) and every gate's plan digest is
+    rewritten to the new plan. Every other check passes; the phase-3 gate re-run on the evaluator's own real text
+    (EVAL_KL_TEXTS) fails on KL (measured: mean 0.057)."""
+    _, ws, _, _ = deployed
+    dst = tmp_path / "ws"
+    shutil.copytree(ws, dst)
+    w = load_workspace(dst)
+    w.set_plan(_with_lm_head_acc(w.plan, SERIAL_BF16))
+    rewrite_plan_digests(dst)
+    ev = evaluate(dst, seed=5)
+    fails = {c.name: c.detail for c in ev.checks if c.status == "fail"}
+    assert ev.verdict == "FAIL" and set(fails) == {"model-gate-fresh-prompts"}, fails
+    assert "kl.mean" in fails["model-gate-fresh-prompts"]
