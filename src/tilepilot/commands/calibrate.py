@@ -238,6 +238,14 @@ def _print(report: ca.CalibrationReport, rows: bool) -> None:
         status = "ok" if lim.ok else "[red]FAIL[/]"
         codes = ", ".join(lim.codes) or "accepts it"
         console.print(f"limit {lim.key}: {escape(lim.description)} -> validator {codes} \\[{status}]")
+    ff = report.frozen_fit
+    if ff is not None:
+        rec = ff["recorded"]
+        verdict = "yes" if ff["matches"] else "[red]NO[/]"
+        console.print(
+            f"frozen constants are the recorded fit (choice {rec['choice']!r}, CV loss {rec['cv_loss']:.5f}, in-sample "
+            f"loss {rec['kernel_loss']:.5f}; every recomputed objective equal): {verdict}"
+        )
     failures = report.failures()
     if failures:
         console.print("[red]tolerances not met:[/]")
