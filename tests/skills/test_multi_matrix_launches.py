@@ -21,6 +21,7 @@ from tilepilot.plan.plan import validate_plan, with_weights
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
 from tilepilot.skills.optimize.decode import MultiMatrixLaunches
+from tilepilot.skills.optimize.kernels import TileTuning
 
 FAMILIES = ("llama", "qwen2", "qwen3", "smollm2")
 IDS = [1, 5, 9, 13, 2]
@@ -98,3 +99,11 @@ def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
     traj = (ctx.root / "perf_opt_traj.md").read_text()
     assert MultiMatrixLaunches.name in traj and "applied" in traj
     assert MultiMatrixLaunches().run(ctx).status == "skipped"  # nothing left to merge
+    # each merged launch runs the tile tuner's config for its merged shape, and tile tuning leaves it alone
+    merged = {
+        (g.name, m[0]): c.config for g in ctx.plan.decode.block for m in g.merged for c in g.calls if c.op == m[0]
+    }
+    assert merged and all(cfg.get("tile_m") and cfg.get("tile_k") for cfg in merged.values())
+    TileTuning().run(ctx)
+    after = {(g.name, m[0]): c.config for g in ctx.plan.decode.block for m in g.merged for c in g.calls if c.op == m[0]}
+    assert after == merged

@@ -14,6 +14,7 @@ correct.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +24,9 @@ from tilepilot.model.graph import block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.plan import MERGEABLE_FAMILIES, DeploymentPlan, KernelGroup
+
+# (family, merged shape) -> the merged launch's config dict
+Tuner = Callable[[str, Any], dict[str, Any]]
 
 
 def merge_runs(spec: ModelSpec, group: KernelGroup) -> list[list[str]]:
@@ -49,11 +53,16 @@ def _legal(fam: str, shape: Any, config: dict[str, Any]) -> bool:
     return True
 
 
-def merged_config(spec: ModelSpec, group: KernelGroup, run: list[str], rows: int = 1) -> dict[str, Any]:
-    """A config of the run's first op that tiles the merged shape (see the module docstring)."""
+def merged_config(
+    spec: ModelSpec, group: KernelGroup, run: list[str], rows: int = 1, tuner: Tuner | None = None
+) -> dict[str, Any]:
+    """A config of the run's first op that tiles the merged shape: the ``tuner``'s for that shape when given (the
+    format fields kept), else as the module docstring says."""
     graph = block_graph(spec)
     first = next(c for c in group.calls if c.op == run[0])
     shape = MergedLinear(tuple(graph.node(o) for o in run)).shape(first.family, spec, rows, first.config)
+    if tuner is not None:
+        return tuner(first.family, shape)
     if _legal(first.family, shape, first.config):
         return dict(first.config)
     mod = family(first.family)
@@ -70,9 +79,10 @@ def merged_config(spec: ModelSpec, group: KernelGroup, run: list[str], rows: int
     raise DesignError([], f"{first.family} {run}: no config tiles the merged shape {shape}")
 
 
-def merged_stage(plan: DeploymentPlan, stage: str = "decode") -> DeploymentPlan | None:
+def merged_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` groups run every mergeable run as one launch; None when nothing merges
-    (or every run is already merged, or no config tiles a merged shape)."""
+    (or every run is already merged, or no config tiles a merged shape). ``tuner(family, shape)`` -> config dict
+    picks each merged launch's config (the decode skill passes the tile tuner)."""
     spec = plan.model_spec()
     new = copy.deepcopy(plan)
     changed = False
@@ -83,7 +93,7 @@ def merged_stage(plan: DeploymentPlan, stage: str = "decode") -> DeploymentPlan 
             if taken & set(run):
                 continue
             try:
-                config = merged_config(spec, g, run)
+                config = merged_config(spec, g, run, tuner=tuner)
             except DesignError:
                 continue
             next(c for c in g.calls if c.op == run[0]).config = config

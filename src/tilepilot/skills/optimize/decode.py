@@ -29,7 +29,9 @@ figures.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import asdict
 
+from tilepilot.kernels.tuning import tune
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
 from tilepilot.plan.merge import merged_stage
 from tilepilot.skills.base import SkillInput
@@ -113,7 +115,13 @@ class MultiMatrixLaunches(PlanOptimization):
     stages = ("decode",)
 
     def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
-        new = merged_stage(ctx.plan, stage)
+        def tuner(family: str, shape) -> dict:
+            """The merged launch at the tile tuner's best config for its shape (the shared kernel registry)."""
+            return asdict(
+                tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config
+            )
+
+        new = merged_stage(ctx.plan, stage, tuner)
         if new is not None:
             runs = [m for g in new.stage(stage).groups() for m in g.merged]
             yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")

@@ -150,9 +150,10 @@ class TileTuning(PlanOptimization):
         registry = ctx.kernel_registry
         new = clone(ctx.plan)
         changed, lookups, searched = [], 0, 0
+        merged = {(g.name, op) for g in new.stage(stage).groups() for m in g.merged for op in m}
         for call in plan_calls(new):
-            if call.stage != stage:
-                continue
+            if call.stage != stage or (call.group, call.op) in merged:
+                continue  # a multi-matrix launch was tuned at its merged shape (multi-matrix-launches)
             rows, context = stage_rows(stage, ctx.settings.timing_prompt_len)
             try:
                 mod, current = resolved_config(ctx.spec, call, rows, context)
