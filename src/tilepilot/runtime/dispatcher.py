@@ -237,7 +237,9 @@ class PreparedGroup:
     attention, every context), so the dispatcher does it once per shape instead of once per call."""
 
     group: KernelGroup  # held so that the id in the cache key stays this group's
-    calls: tuple[tuple[OpNode, Any, Any], ...]  # (node, OpBinding or None for kv_write, design or None)
+    # (node, OpBinding / MergedLinear (one launch for a KernelGroup.merged run; the run's other ops have no entry) or
+    # None for kv_write, design or None)
+    calls: tuple[tuple[OpNode, Any, Any], ...]
     keys: tuple[Any, ...]  # the timed launch keys, in order
     timing: GroupTiming | None  # None when the pass is one dispatch (timed at end_pass) or holds no launch
 
