@@ -4,8 +4,10 @@ checkpoint whose activations trigger a narrow variant, never a patched design fa
 Each fault is a mistake that happens: a tile config that overflows tile memory, a padded launch inside a merged group
 (GROUP_BINDING), a buffer the runtime is told is static although it changes, RoPE run in the interleaved (GPT-J/GGUF)
 layout on half-rotation weights, an LM head whose ragged last partition is shifted but assembled unshifted, an FFN
-activation stored in fp16 on a model whose activations exceed 65504, a residual stream kept in fp8 instead of bf16.
-The debug skill can only repair them by changing the plan, exactly as with a real deployment.
+activation stored in fp16 on a model whose activations exceed 65504, RoPE angles computed in bf16, a residual stream
+kept in fp8 instead of bf16 and an RMSNorm summing squares in fp16 (both on the trained SmolLM2, whose massive
+activations and sharp distributions show them). The debug skill can only repair them by changing the plan, exactly as
+with a real deployment.
 """
 
 from __future__ import annotations
