@@ -254,16 +254,17 @@ def render(data: dict[str, Any]) -> str:
             "`tilepilot bench MODEL_DIR --plan air-q4`.",
         ]
         if "launches" in g:
-            floor = g["switch_floor_s"]
+            switch, floor, work = g["switches_and_config_s"], g["switch_floor_s"], g["launches_s"]
             out += [
                 "",
-                f"What limits it (modeled): its one decode dispatch holds {g['launches']} launches; their design "
-                f"switches and tile configuration take {g['switches_and_config_s'] * 1e3:.2f} ms per token and the "
-                f"launches themselves (weight streaming, compute) {g['launches_s'] * 1e3:.2f} ms. The switches alone, "
-                f"({g['launches']} - 1) x launch_in_group_s ({CALIBRATION.launch_in_group_s * 1e6:.1f} us, "
-                f"`npu/calibration.py`) = {floor * 1e3:.2f} ms, cap decode at {1 / floor:.1f} tok/s even if every "
-                "weight streamed in zero time: the per-launch cost of the timing model, not the weight feed, is what "
-                "stands between this plan and the goal.",
+                f"What limits it (modeled): its one decode dispatch holds {g['launches']} launches. Their design "
+                f"switches and tile configuration take {switch * 1e3:.2f} ms per token, which alone cap decode at "
+                f"{1 / switch:.1f} tok/s even if no weight took any time ((launches - 1) x launch_in_group_s "
+                f"{floor / (g['launches'] - 1) * 1e6:.1f} us = {floor * 1e3:.2f} ms of it, the rest one tile "
+                f"configuration per tile of each launch, `npu/calibration.py`). The launches themselves (weight "
+                f"streaming, compute, attention) take {work * 1e3:.2f} ms; the weight-streaming bound is "
+                f"{100 * g['bound_fraction'] / g['decode_tok_s'] / work:.0f} % of that time. The per-launch cost of "
+                "the timing model, not the weight feed, is what stands between this plan and the goal.",
             ]
     return "\n".join(out) + "\n"
 
