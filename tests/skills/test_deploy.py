@@ -80,8 +80,9 @@ def test_refusals_are_one_sentence_and_exit_2(deployment, tmp_path, capsys):
     assert not (tmp_path / "ws2").exists()
 
 
-def test_second_deployment_of_the_same_shapes_tunes_faster(deployment, tmp_path):
-    """finalize-and-learn wrote the first deployment's tuned rows; a new model with the same shapes looks them up."""
+def test_second_deployment_of_the_same_shapes_looks_its_tuning_up(deployment, tmp_path):
+    """finalize-and-learn wrote the first deployment's tuned rows; a new model with the same shapes looks them up
+    instead of searching (the saving is the search; its wall-clock is not asserted: timed tests flake under load)."""
     from tilepilot.skills.phases.optimization import PrefillOptimization
 
     first = deployment("llama")
@@ -100,7 +101,6 @@ def test_second_deployment_of_the_same_shapes_tunes_faster(deployment, tmp_path)
     now = tuning(json.loads((ctx.root / J.GATES_DIR / "prefill-optimization.json").read_text()))
     assert result.ok
     assert was["candidates_searched"] > 0 and now["candidates_searched"] == 0 and now["lookups"] > 0
-    assert now["seconds_measured"] < was["seconds_measured"]
     lessons = json.loads((first.knowledge / "lessons.json").read_text())["lessons"]
     assert any(x.get("kind") == "optimization" and x["decision"] == "applied" for x in lessons)
     assert "From earlier deployments" in (ctx.root / J.LESSONS).read_text()  # the new workspace starts with them
