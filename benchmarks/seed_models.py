@@ -398,6 +398,11 @@ def _mark(v: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "unknown"}[v]
 
 
+def _x(v: float | None) -> str:
+    """A same-model speed-up (``1.234x``), or why there is none."""
+    return "not recorded" if v is None else f"{v:.3f}x"
+
+
 def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     size = "full size" if meta["layers"] is None else f"{meta['layers']} layers per model (smoke run, not full size)"
     L = [
@@ -436,9 +441,7 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         p = r.get("paper") or {}
         peta = (p.get("eta_scale_our_definition") or {}).get("combined")
         if r["status"] == "not run":
-            L.append(
-                f"| {r['model']} | not run | — | — | — | — | — | — | — | — | {_f(peta, '.2f')} | — | — | — |"
-            )
+            L.append(f"| {r['model']} | not run | — | — | — | — | — | — | — | — | {_f(peta, '.2f')} | — | — | — |")
             continue
         m = r.get("modeled") or {}
         e = r.get("eta_scale") or {}
@@ -451,7 +454,7 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         L.append(
             f"| {r['model']} | {r['status']} ({dep.get('verdict') or 'no verdict'}) | {_f(m.get('ttft_s'), '.3f')} "
             f"| {_f(m.get('decode_tok_s'), '.2f')} | {_f(sp.get('ttft'), '.3f')}x / {_f(sp.get('decode'), '.3f')}x "
-            f"| {_f(si.get('ttft'), '.3f', 'not recorded')} / {_f(si.get('decode'), '.3f', 'not recorded')} "
+            f"| {_x(si.get('ttft'))} / {_x(si.get('decode'))} "
             f"| {d.get('prefill', '—')} / {d.get('decode', '—')} | {_f(e.get('prefill'), '.2f')} "
             f"| {_f(e.get('decode'), '.2f')} | {_f(e.get('combined'), '.2f')} | {_f(peta, '.2f')} | {wall} "
             f"| {dep['peak_rss_bytes'] / GiB:.2f} GiB | {ev.get('verdict') or 'not run'} |"
@@ -488,13 +491,7 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     for r in rows:
         g = goals(r)
-        L.append(
-            f"| {r['model']} | "
-            + " | ".join(
-                _mark(g[k]) for k in GOAL_KEYS
-            )
-            + " |"
-        )
+        L.append(f"| {r['model']} | " + " | ".join(_mark(g[k]) for k in GOAL_KEYS) + " |")
     all_goals = [goals(r) for r in rows]
     n_run = sum(r["status"] != "not run" for r in rows)
     n_all = sum(all(v is True for v in g.values()) for g in all_goals)
