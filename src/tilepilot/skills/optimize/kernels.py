@@ -14,6 +14,7 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 from tilepilot.harness.probes import CallRef, call_shape, config_for, group_checks, plan_calls, stage_rows
+from tilepilot.kernels import gemv
 from tilepilot.kernels.bind import family_module
 from tilepilot.kernels.registry import as_dict
 from tilepilot.kernels.tuning import timing_key, tune
@@ -26,9 +27,12 @@ from tilepilot.skills.optimize.host import _GATE
 _WS = SkillInput("workspace", "a deployment workspace whose full-model gate passed (phase 3)")
 _KNOW = SkillInput("knowledge", "shared kernel registry (registry.json) from earlier deployments", required=False)
 
-# Prompt lengths a tuned prefill config must also be legal at besides the timed one: an odd short prompt
-# and a single token (chunked prefill of one token); the gate prompt length is added at run time.
-EXTRA_PREFILL_ROWS = (1, 17)
+# Prompt lengths a tuned prefill config must also be legal at besides the timed one: a single token (chunked prefill
+# of one token), the longest prompt a matrix-vector design still takes (its x buffer is largest there: a prefill LM
+# head at gemv.MAX_TOKENS rows runs as a GEMV over that many tokens, so a tile_k legal at 1 and 17 rows can overflow
+# L1 at 16, which a user's 16-token prompt would hit) and the shortest one past it (the GEMM path); the gate prompt
+# length is added at run time.
+EXTRA_PREFILL_ROWS = (1, gemv.MAX_TOKENS, gemv.MAX_TOKENS + 1)
 MATRIX_FAMILIES = ("gemm", "gemv", "lm_head")
 
 
