@@ -12,8 +12,9 @@ What AIR did (reference/xdna2.md, "AIR's own 4-bit deployments", Xilinx/mlir-air
   core rows), falling back to what the shape allows;
 - a KV readback sized to the context window (``windowed``: a template every ``KV_WINDOW_STEP`` rows) or padded to
   ATTN_MAXL = 2048 (``KV_TEMPLATE_ROWS``);
-- prefill as bf16 GEMMs over the dequantized weights, 3 dispatches per layer (the paper's grouping) with causal
-  attention that skips fully masked blocks (the attention family does).
+- prefill as bf16 GEMMs over the dequantized weights, grouped as the paper deployed that model (its paper-like
+  plan: ``plan/paper_deployments.py``; 3 dispatches per layer for Llama-3.2-1B) with causal attention that skips
+  fully masked blocks (the attention family does).
 
 The helpers ``fused_stage`` and ``window_ladder`` are the same transforms the decode phase's skills
 (``one-dispatch-decode``, ``windowed-kv-readback``) propose, so a deployment optimized by them and this plan share
@@ -107,7 +108,7 @@ def air_q4_plan(
         "embeddings",
         f"decode: one dispatch per token, attention on the NPU, weights fed on {weight_channels} shim channel(s) per "
         f"column, KV readback {readback}",
-        "prefill: bf16 GEMMs over the dequantized weights, 3 dispatches per layer (paper grouping)",
+        "prefill: bf16 GEMMs over the dequantized weights, grouped as the paper deployed this model (paper-like plan)",
     ]
     check_plan(plan, spec)
     return plan
