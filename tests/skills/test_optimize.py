@@ -107,20 +107,28 @@ def test_keep_or_revert(fresh_ctx, monkeypatch):
     assert common.SAME_TIME_RTOL < 1e-6
 
 
-def test_a_prefill_config_must_be_legal_where_the_lm_head_is_still_a_gemv():
-    """Found by the full-size Llama-3.2-3B deployment: its tuned prefill LM head (tile_k 768) was legal at the sizes
-    the tuner checked (1, 17, 24 and 2048 rows) and overflowed L1 at 16 rows, the longest prompt the head still runs
-    as a multi-token GEMV; the evaluator's 12-28-token prompt found it. The tuner's prefill sizes now include it."""
+def test_a_prefill_head_config_must_be_legal_for_every_position_s_logits():
+    """Found by the full-size Llama-3.2-3B deployment: its tuned prefill LM head (tile_k 768) was checked only at the
+    last position (m=1), but a gate that asks for every position's logits runs the head over all prompt rows, a
+    multi-token GEMV up to gemv.MAX_TOKENS rows that overflows L1 with that tiling; the evaluator's 12-28-token
+    prompt found it after every phase had passed. legal_at now validates the all-positions head too."""
     from types import SimpleNamespace
 
+    from tilepilot.harness.probes import plan_calls
     from tilepilot.kernels import gemv, lm_head
+    from tilepilot.model.zoo import get_zoo_model
     from tilepilot.npu.validate import validate_group
-    from tilepilot.skills.optimize.kernels import sizes_for
+    from tilepilot.plan.builtin import iron_like_plan
+    from tilepilot.skills.optimize.kernels import legal_at, sizes_for
     from tilepilot.skills.settings import Settings
 
-    cfg = lm_head.Config(partition_rows=32768, cols=8, rows=4, tile_m=8, tile_k=768, variant="vector", depth=2)
+    bad = {"partition_rows": 32768, "cols": 8, "rows": 4, "tile_m": 8, "tile_k": 768, "variant": "vector", "depth": 2}
+    cfg = lm_head.Config(**bad)
     codes = {m: {v.code for v in validate_group(lm_head.make_design(lm_head.Shape(128256, 3072, m), cfg))}
              for m in (1, gemv.MAX_TOKENS, gemv.MAX_TOKENS + 1)}  # fmt: skip
     assert codes[1] == set() and codes[gemv.MAX_TOKENS + 1] == set() and "L1_OVERFLOW" in codes[gemv.MAX_TOKENS]
-    rows = {r for r, _ in sizes_for("prefill", SimpleNamespace(settings=Settings()))}
-    assert {1, gemv.MAX_TOKENS, gemv.MAX_TOKENS + 1} <= rows
+    spec = get_zoo_model("llama-3.2-3b").spec(layers=1)
+    head = next(c for c in plan_calls(iron_like_plan(spec)) if c.stage == "prefill" and c.family == "lm_head")
+    sizes = sizes_for("prefill", SimpleNamespace(settings=Settings()))
+    assert not legal_at(spec, head, bad, sizes)
+    assert legal_at(spec, head, {**bad, "tile_k": 256}, sizes)

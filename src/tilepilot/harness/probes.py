@@ -86,12 +86,14 @@ def plan_calls(plan) -> list[CallRef]:
     return out
 
 
-def call_shape(spec, call: CallRef, rows: int, context: int, config: dict[str, Any] | None = None):
-
+def call_shape(spec, call: CallRef, rows: int, context: int, config: dict[str, Any] | None = None, *, all_logits=False):
+    """The call's kernel shape at ``rows`` x ``context``. The LM head reads only the last position (the runner's
+    last_only prefill, and decode), unless ``all_logits``: a prefill asked for every position's logits (the gates'
+    and the evaluator's prompts) runs the head over all ``rows``."""
     node = block_graph(spec).node(call.op)
     cfg = call.config_dict if config is None else config
-    if call.part == "head" and node.kind == "lm_head":
-        rows = 1  # the head reads only the last position (the runner's last_only prefill and decode)
+    if call.part == "head" and node.kind == "lm_head" and not all_logits:
+        rows = 1
     return binding(node, call.family).shape(node, spec, rows, context, cfg)
 
 

@@ -28,10 +28,9 @@ _WS = SkillInput("workspace", "a deployment workspace whose full-model gate pass
 _KNOW = SkillInput("knowledge", "shared kernel registry (registry.json) from earlier deployments", required=False)
 
 # Prompt lengths a tuned prefill config must also be legal at besides the timed one: a single token (chunked prefill
-# of one token), the longest prompt a matrix-vector design still takes (its x buffer is largest there: a prefill LM
-# head at gemv.MAX_TOKENS rows runs as a GEMV over that many tokens, so a tile_k legal at 1 and 17 rows can overflow
-# L1 at 16, which a user's 16-token prompt would hit) and the shortest one past it (the GEMM path); the gate prompt
-# length is added at run time.
+# of one token), the longest prompt whose all-positions LM head (a gate's prefill) is still a multi-token GEMV (its x
+# buffer is largest there: a tile_k legal at 1 and 17 rows can overflow L1 at 16) and the shortest one past it (the
+# GEMM path); the gate prompt length is added at run time.
 EXTRA_PREFILL_ROWS = (1, gemv.MAX_TOKENS, gemv.MAX_TOKENS + 1)
 MATRIX_FAMILIES = ("gemm", "gemv", "lm_head")
 
@@ -49,10 +48,17 @@ def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int,
     mod = family_module(call.family)
     for rows, context in sizes:
         try:
-            shape = call_shape(spec, call, rows, context, config)
-            d = mod.make_design(shape, config_for(call.family, shape, config))
-            if validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d):
-                return False
+            # a prefill head also runs over every row when a gate asks for all positions' logits
+            shapes = [call_shape(spec, call, rows, context, config)]
+            if (
+                call.stage == "prefill"
+                and (every := call_shape(spec, call, rows, context, config, all_logits=True)) != shapes[0]
+            ):
+                shapes.append(every)
+            for shape in shapes:
+                d = mod.make_design(shape, config_for(call.family, shape, config))
+                if validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d):
+                    return False
         except Exception:
             return False
     return True
@@ -176,10 +182,10 @@ class TileTuning(PlanOptimization):
                 and all(r.config.get(k) == cur.get(k) for k in ("variant", "acc") if k in cur)
             ]
             for row in sorted(same_numerics, key=lambda r: r.modeled_s):
+                if not legal_at(ctx.spec, call, row.config, sizes_for(stage, ctx)):
+                    continue  # the current config too: a config illegal at some size is replaced
                 if row.config == cur:
                     break  # the current config is already the fastest legal one
-                if not legal_at(ctx.spec, call, row.config, sizes_for(stage, ctx)):
-                    continue
                 set_config(new, call, row.config)
                 if all(g.ok for g in group_checks(new, ctx.spec, ctx.settings.gate_prompt_len, (stage, call.op))):
                     changed.append(call.op)
