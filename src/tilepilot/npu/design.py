@@ -472,7 +472,7 @@ class Runtime:
     """The host-side program of one dispatch: an ordered list of fill / drain tasks in task groups."""
 
     tasks: list[RuntimeTask] = field(default_factory=list)
-    # (the task list it was built from, its length, filled fifos, drained fifos, elements per (kind, fifo))
+    # (the task list it was built from, its length, elements moved per (kind, fifo)): see _moved
     _shim_index: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def fill(self, fifo: str, tensor: str, tap: TensorAccessPattern, group: int = 0) -> Runtime:
@@ -492,33 +492,31 @@ class Runtime:
 
     def fills(self, fifo: str) -> bool:
         """True when a task of this runtime fills ``fifo`` from DDR (the shim is its producer)."""
-        return fifo in self._shim_fifos()[0]
+        return ("fill", fifo) in self._moved()
 
     def drains(self, fifo: str) -> bool:
         """True when a task of this runtime drains ``fifo`` to DDR (the shim is its consumer)."""
-        return fifo in self._shim_fifos()[1]
+        return ("drain", fifo) in self._moved()
 
     def moved_elements(self, kind: str, fifo: str) -> int:
         """Elements the runtime's ``kind`` ("fill" / "drain") tasks move through ``fifo`` over one launch."""
-        self._shim_fifos()
-        return self._shim_index[4].get((kind, fifo), 0)
+        return self._moved().get((kind, fifo), 0)
 
-    def _shim_fifos(self) -> tuple[frozenset[str], frozenset[str]]:
-        """The filled and drained fifo names, rebuilt whenever the task list is replaced or grows.
+    def _moved(self) -> dict[tuple[str, str], int]:
+        """Elements moved per (kind, fifo) by the tasks (a key per fifo a task names), rebuilt whenever the task list
+        is replaced or grows.
 
         The validator and the placer ask for a fifo's endpoints once per fifo and per check, and a large GEMM's
         runtime has thousands of tasks: scanning them on every question made validation quadratic (most of a
         tuner's time). Tasks are frozen, so a list that is the same object with the same length (appends are the
-        only growth; a sort keeps the set) has the same fifos."""
+        only growth; a sort keeps the totals) moves the same elements."""
         idx = self._shim_index
         if idx is None or idx[0] is not self.tasks or idx[1] != len(self.tasks):
             moved: dict[tuple[str, str], int] = {}
             for t in self.tasks:
                 moved[(t.kind, t.fifo)] = moved.get((t.kind, t.fifo), 0) + t.tap.n_elements
-            filled = frozenset(f for k, f in moved if k == "fill")
-            drained = frozenset(f for k, f in moved if k == "drain")
-            idx = self._shim_index = (self.tasks, len(self.tasks), filled, drained, moved)
-        return idx[2], idx[3]
+            idx = self._shim_index = (self.tasks, len(self.tasks), moved)
+        return idx[2]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
