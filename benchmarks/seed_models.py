@@ -549,6 +549,45 @@ def load_records(workdir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def records_from_results(path: Path, workdir: Path) -> list[str]:
+    """Write a record for every model a results JSON this script wrote holds (deployed or failed), unless the
+    workdir already has one: the table of a new workdir then keeps models run in an earlier one (a workdir does not
+    outlive its machine; the JSON is committed). Each recovered record names its source; returns the keys written."""
+    data = json.loads(Path(path).read_text())
+    layers = data["meta"].get("layers")
+    have = load_records(workdir)
+    written = []
+    for row in data["models"]:
+        key = model_key(row["model"], layers)
+        if row.get("status") == "not run" or key in have:
+            continue
+        dep = dict(row["deploy"])
+        dep["phases"] = row.get("phases")
+        modeled = row.get("modeled") or {}
+        after_keys = ("plan", "ttft_s", "decode_ms_per_token", "decode_tok_s", "ttft_cpu_measured_s",
+                      "decode_cpu_measured_ms", "dispatches_per_layer")  # fmt: skip
+        dep["performance"] = (
+            {
+                "after": {k: modeled.get(k) for k in after_keys},
+                **{k: modeled.get(k) for k in ("before", "paper_like", "iron_like")},
+            }
+            if modeled
+            else {}
+        )
+        rec = {
+            "model": row["model"],
+            "layers": layers,
+            "key": key,
+            "code": row.get("code"),
+            "deploy": dep,
+            "evaluate": row.get("evaluate"),
+            "recovered_from": f"{Path(path).name} written {data['meta'].get('written')}",
+        }
+        _save_json(workdir / "records" / f"{key}.json", rec)
+        written.append(key)
+    return written
+
+
 def load_notes(workdir: Path) -> dict[str, str]:
     p = workdir / "notes.json"
     return json.loads(p.read_text()) if p.is_file() else {}
@@ -624,6 +663,14 @@ def main(argv: list[str] | None = None) -> int:
         help="why MODEL was not run (kept in WORKDIR/notes.json, shown in the table)",
     )
     ap.add_argument(
+        "--records-from",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="first write a record for every model a results JSON of this script holds that the workdir lacks "
+        "(e.g. benchmarks/results/seed_models.json, to add models to the committed table from a new workdir)",
+    )
+    ap.add_argument(
         "--snapshot",
         nargs="?",
         const="HEAD",
@@ -645,6 +692,9 @@ def main(argv: list[str] | None = None) -> int:
         _save_json(args.workdir / "notes.json", notes)
     if args.from_json is not None:
         return rerender(args.from_json)
+    if args.records_from is not None:
+        got = records_from_results(args.records_from, args.workdir)
+        print(f"recovered {len(got)} record(s) from {args.records_from}: {', '.join(got) or 'none'}", flush=True)
     args.child_env = None
     args.code = {"source": "working tree", "commit": _commit()}
     if args.snapshot and not args.report_only:
