@@ -36,6 +36,17 @@ broadcast fifo is read by all its consumers), but calls its kernel only on the b
 so the extra blocks cost DMA time (modeled per call) and no compute. Runtime tasks are grouped so a shim
 never holds more BDs than it has.
 
+Cascade dataflow (``Config.kv_stages`` > 1; AIR's registry kernel, ``attn_npu2.py``, ``cascade_configs``). A unit
+is one head and a batch of ``share_cols`` query tiles on as many neighbouring columns; in each column
+``kv_stages`` workers (one per row) split the tile's key blocks into contiguous segments of ``stage_blocks``, each
+runs the online softmax over its segment, and the partial states (fp32 [tile_q, head_dim + 2]) merge down the
+column through shared memory, stage after stage; the last stage finishes and writes o. One K/V stream per stage
+feeds that stage in every column of the group (horizontal broadcast). With ``rounds`` every unit is one iteration
+of a sequential launch loop (its own task group), as AIR's outer ``launch`` over query chunks and heads is. The
+merge changes the numbers (p is rounded to bf16 against each stage's own running max), so the exact and the
+production paths follow the stages (tested bit for bit against the tile path, within a bf16 ulp in production).
+Timing charges each stage the merges on its critical path (stage s waits for the s - 1 before its own).
+
 Numerics (flash attention with online softmax, fp32 state, bf16 in and out), per key block:
     s   = (q . k) exact sum of bf16 products -> fp32, times 1/sqrt(d) (fp32); masked (key after query) -> -inf
     m'  = max(m, rowmax s);  p = exp(s - m');  c = exp(m - m')            (fp32)
@@ -93,6 +104,13 @@ OPS_PER_ACC = 2
 OPS_PER_ROW = 24
 OPS_PER_OUTPUT = 3  # final divide by l and bf16 convert, per output element (once per unit)
 FAST_CHUNK_ROWS = 256  # production fast path: queries per chunk (bounds host memory of the score matrix)
+# ESTIMATES, cascade merge of two partial states (m, l, acc) per query row: per accumulator element two multiplies
+# and an add (acc_a * c_a + acc_b * c_b); per row the same row work as a block's statistics (max, two exps, l).
+OPS_PER_MERGE_ACC = 3
+STATE_BYTES = 4  # a partial state passed between cascade stages: fp32 [tile_q, head_dim + 2] (acc | m | l)
+# Call steps of a cascade stage's kernel besides key blocks (block calls use step = the key block's index).
+_MERGE, _SEND, _FINISH = -1, -2, -3
+AIR_Q_TILES = 4  # attn_npu2.py num_q_tiles: columns one head's K/V stream feeds (horizontal broadcast)
 
 
 @dataclass(frozen=True)
@@ -132,10 +150,19 @@ class Config:
     variant: str = "vector"
     q_tiles_per_col: int = 1  # consecutive query tiles of the same heads per unit, one per worker
     skip_masked: bool = True  # causal: stream/compute only the key blocks a unit can see (False: every block)
+    # Cascade over the keys (AIR's registry kernel, ``num_cascade_stages``): this many workers of a column each take
+    # one contiguous segment of a query tile's key blocks and the partial softmax states merge down the column.
+    kv_stages: int = 1
+    # Units run as sequential launch iterations (AIR's outer ``launch`` loop): each unit of a column is its own
+    # runtime task group, so nothing overlaps across units and every unit pays the pipeline fill and drain.
+    rounds: bool = False
+    # Cascade: columns that share one unit's key/value stream (broadcast across them), each computing one query
+    # tile of the unit's batch (AIR's ``num_q_tiles``: one K/V stream per head feeds 4 columns).
+    share_cols: int = 1
 
     @property
     def workers_per_col(self) -> int:
-        return self.heads_per_col * self.q_tiles_per_col
+        return self.heads_per_col * self.q_tiles_per_col * self.kv_stages
 
 
 def shape_for(spec: ModelSpec, q_len: int, kv_len: int | None = None) -> Shape:
@@ -144,8 +171,16 @@ def shape_for(spec: ModelSpec, q_len: int, kv_len: int | None = None) -> Shape:
 
 
 def kv_rows(shape: Shape, config: Config) -> int:
-    """Rows of the kv tensor the design reads: kv_len rounded up to whole key blocks."""
-    return -(-shape.kv_len // config.tile_k) * config.tile_k
+    """Rows of the kv tensor the design reads: kv_len rounded up to whole key blocks (to whole blocks per cascade
+    stage when the keys are split over stages)."""
+    step = config.tile_k * config.kv_stages
+    return -(-shape.kv_len // step) * step
+
+
+def stage_blocks(shape: Shape, config: Config) -> int:
+    """Key blocks in each cascade stage's contiguous segment (fixed by the cache length, as AIR's
+    ``chunks_per_stage = lk / lkp / num_cascade_stages``)."""
+    return kv_rows(shape, config) // config.tile_k // config.kv_stages
 
 
 def blocks_needed(shape: Shape, config: Config, q_tile: int) -> int:
@@ -166,6 +201,8 @@ def unit_blocks(shape: Shape, config: Config, batch: int) -> list[int]:
 def l1_bytes(shape: Shape, config: Config) -> int:
     tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
     fifos = 2 * tq * d * 2 + config.depth * tk * 2 * d * 2
+    if config.kv_stages > 1:  # the partial state in from the previous stage and out to the next
+        fifos += 2 * STATE_BYTES * tq * (d + 2)
     return fifos + _local(shape, config) + CORE_STACK_BYTES
 
 
@@ -205,12 +242,43 @@ def block_update(
     s = _dot(q, k.transpose(-1, -2), exact) * scale
     s = s.masked_fill(masked, float("-inf"))
     m_new = torch.maximum(m, s.amax(-1))
-    p = _exp(s - m_new[..., None], exact)
-    corr = _exp(m - m_new, exact)
+    # a row that has seen no key yet (only in a later cascade stage) keeps m = -inf, l = 0, acc = 0; finite rows
+    # are untouched by the guard
+    m_ref = _finite(m_new)
+    p = _exp(s - m_ref[..., None], exact)
+    corr = _exp(m - m_ref, exact)
     rowsum = p.to(torch.float64).sum(-1).to(torch.float32) if exact else p.sum(-1)
     l_new = l * corr + rowsum
     acc_new = acc * corr[..., None] + _dot(nx.round_bf16(p), v, exact)
     return m_new, l_new, acc_new
+
+
+def _finite(m: torch.Tensor) -> torch.Tensor:
+    """The running max with -inf (no key seen) replaced by 0, so exp(-inf - m) is 0 instead of NaN."""
+    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+
+
+def merge_states(
+    a: tuple[torch.Tensor, torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cascade's merge of two partial states over disjoint key sets (a's keys first): fp32, exps as the
+    exact path evaluates them. Either side may be empty (m = -inf, l = 0, acc = 0)."""
+    (ma, la, acca), (mb, lb, accb) = a, b
+    m = torch.maximum(ma, mb)
+    ref = _finite(m)
+    ca, cb = _exp(ma - ref, True), _exp(mb - ref, True)
+    return m, la * ca + lb * cb, acca * ca[..., None] + accb * cb[..., None]
+
+
+def pack_state(state: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """(m, l, acc) of one query tile -> the fp32 [tile_q, head_dim + 2] object a stage passes on (acc | m | l)."""
+    m, l, acc = state
+    return torch.cat([acc, m[:, None], l[:, None]], dim=1)
+
+
+def unpack_state(obj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d = obj.shape[1] - 2
+    return obj[:, d].clone(), obj[:, d + 1].clone(), obj[:, :d].clone()
 
 
 def initial_state(lead: tuple[int, ...], n: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -266,8 +334,38 @@ def attend_exact(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) -
     return finish((m, l, acc)).permute(2, 0, 1, 3).reshape(t, shape.q_dim)
 
 
-def attend_fast(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) -> torch.Tensor:
-    """Production path: per query chunk, all its key blocks at once in fp32, combined in closed form."""
+def attend_cascade_exact(q: torch.Tensor, kv: torch.Tensor, shape: Shape, config: Config) -> torch.Tensor:
+    """A cascade design's arithmetic at tensor level (bit-identical to its tile path): per query tile, every stage
+    runs the online softmax over the blocks of its key segment the tile computes, then the states merge in stage
+    order."""
+    t, d, g, tq, tk = shape.q_len, shape.head_dim, shape.group, config.tile_q, config.tile_k
+    scale, segment = 1.0 / math.sqrt(d), stage_blocks(shape, config)
+    k, v = _split_kv(kv, shape)
+    qh = q.reshape(t, shape.n_kv_heads, g, d).permute(1, 2, 0, 3)  # [KV, g, T, d]
+    out = torch.empty(shape.n_kv_heads, g, t, d, dtype=torch.bfloat16)
+    for i in range(t // tq):
+        own, rows = blocks_needed(shape, config, i), slice(i * tq, (i + 1) * tq)
+        q_pos = torch.arange(shape.q_start + i * tq, shape.q_start + (i + 1) * tq)
+        chain = None
+        for s in range(config.kv_stages):
+            state = initial_state((shape.n_kv_heads, g), tq, d)
+            for b in range(s * segment, min((s + 1) * segment, own)):
+                kb, vb = k[:, None, b * tk : (b + 1) * tk], v[:, None, b * tk : (b + 1) * tk]
+                masked = hidden(shape, q_pos, torch.arange(b * tk, (b + 1) * tk))
+                state = block_update(qh[..., rows, :], kb, vb, masked, state, scale, True)
+            chain = state if chain is None else merge_states(chain, state)
+        out[..., rows, :] = finish(chain)
+    return out.permute(2, 0, 1, 3).reshape(t, shape.q_dim)
+
+
+def attend_fast(
+    q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int, segment: int | None = None
+) -> torch.Tensor:
+    """Production path: per query chunk, all its key blocks at once in fp32, combined in closed form.
+
+    ``segment`` (a cascade design: key blocks per stage): the closed form runs per segment of that many blocks,
+    each against its own running max (p is rounded to bf16 against it, as the stage does), and the segments'
+    states merge in order."""
     t, d, g = shape.q_len, shape.head_dim, shape.group
     scale = 1.0 / math.sqrt(d)
     k, v = _split_kv(kv, shape)
@@ -283,6 +381,9 @@ def attend_fast(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) ->
         s = torch.einsum("kgnd,ksd->kgns", qh[..., r0:r1, :], kb) * scale
         s = s.masked_fill(hidden(shape, q_pos, torch.arange(keys)), float("-inf"))
         s = s.reshape(*s.shape[:-1], nb, tile_k)
+        if segment is not None:
+            out[..., r0:r1, :] = finish(_segments_closed_form(s, vb, segment))
+            continue
         m_run = torch.cummax(s.amax(-1), dim=-1).values  # running max after each block [KV, g, n, nb]
         p = torch.exp(s - m_run[..., None])
         weight = torch.exp(m_run - m_run[..., -1:])  # brings block b to the final max
@@ -291,6 +392,33 @@ def attend_fast(q: torch.Tensor, kv: torch.Tensor, shape: Shape, tile_k: int) ->
         acc = (pv * weight[..., None]).sum(-2)
         out[..., r0:r1, :] = nx.round_bf16(acc / l[..., None])
     return out.permute(2, 0, 1, 3).reshape(t, shape.q_dim)
+
+
+def _segments_closed_form(
+    s: torch.Tensor, vb: torch.Tensor, segment: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scores s [KV, g, n, nb, tk] (masked: -inf) and values vb [KV, nb, tk, d] -> the merged state of the
+    segments of ``segment`` blocks, each in closed form against its own running max (rows that see no key of a
+    segment contribute nothing)."""
+    kvh, g, n, nb, tk = s.shape
+    nseg = -(-nb // segment)
+    pad = nseg * segment - nb
+    if pad:  # whole masked blocks: no contribution
+        s = torch.cat([s, s.new_full((kvh, g, n, pad, tk), float("-inf"))], dim=-2)
+        vb = torch.cat([vb, vb.new_zeros((kvh, pad, tk, vb.shape[-1]))], dim=1)
+    s = s.reshape(kvh, g, n, nseg, segment, tk)
+    vb = vb.reshape(kvh, nseg, segment, tk, vb.shape[-1])
+    m_run = torch.cummax(s.amax(-1), dim=-1).values  # running max inside each segment [KV, g, n, nseg, segment]
+    p = torch.exp(s - _finite(m_run)[..., None])
+    m_end = m_run[..., -1:]
+    weight = torch.where(torch.isneginf(m_run), torch.zeros_like(m_run), torch.exp(m_run - _finite(m_end)))
+    l = (p.sum(-1) * weight).sum(-1)  # [KV, g, n, nseg]
+    pv = torch.einsum("kgnjbt,kjbtd->kgnjbd", nx.round_bf16(p).to(torch.float32), vb)
+    acc = (pv * weight[..., None]).sum(-2)  # [KV, g, n, nseg, d]
+    state = (m_end[..., 0, 0], l[..., 0], acc[..., 0, :])
+    for j in range(1, nseg):
+        state = merge_states(state, (m_end[..., j, 0], l[..., j], acc[..., j, :]))
+    return state
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -319,29 +447,47 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"or be a multiple of the GQA group {g}",
         )
     q_tiles = shape.q_len // config.tile_q
-    if qpc < 1 or hpc * qpc > device.compute_rows or q_tiles % qpc:
+    if config.kv_stages < 1 or (config.kv_stages > 1 and (hpc != 1 or qpc != 1)):
+        raise shape_error(
+            FAMILY,
+            f"{config.kv_stages} cascade stages need one head and one query tile per column (got {hpc} heads, "
+            f"{qpc} query tiles)",
+        )
+    sc = config.share_cols
+    if sc < 1 or (sc > 1 and config.kv_stages == 1) or config.cols % sc or q_tiles % sc:
+        raise shape_error(
+            FAMILY,
+            f"{sc} columns sharing a key/value stream need cascade stages and must divide the {config.cols} "
+            f"columns and the {q_tiles} query tiles",
+        )
+    if qpc < 1 or config.workers_per_col > device.compute_rows or q_tiles % qpc:
         raise shape_error(
             FAMILY,
             f"{qpc} query tiles per column times {hpc} heads per column must fit the {device.compute_rows} compute "
             f"rows, and {qpc} must divide the {q_tiles} query tiles",
         )
-    units = (shape.n_heads // hpc) * (q_tiles // qpc)
-    if not 1 <= config.cols <= min(device.columns, units):
+    units = (shape.n_heads // hpc) * (q_tiles // qpc // sc)
+    if not 1 <= config.cols // sc <= units or config.cols > device.columns:
         raise shape_error(FAMILY, f"{config.cols} columns cannot share {units} units of work on {device.name}")
     if config.depth < 1:
         raise shape_error(FAMILY, f"fifo depth {config.depth} is not positive")
 
 
 def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
-    """(head chunk, q-tile batch) units per column: longest first onto the least loaded column, then sorted.
+    """(head chunk, q-tile batch) units per column (per group of ``share_cols`` columns): longest first onto the
+    least loaded column, then sorted.
 
     A unit weighs the key blocks its column streams (its last query tile's), which its slowest worker computes.
     """
-    batches = shape.q_len // config.tile_q // config.q_tiles_per_col
+    batches = shape.q_len // config.tile_q // config.q_tiles_per_col // config.share_cols
     units = [(c, i) for c in range(shape.n_heads // config.heads_per_col) for i in range(batches)]
     weight = {i: unit_blocks(shape, config, i)[-1] for i in range(batches)}
-    load = [0] * config.cols
-    cols: list[list[tuple[int, int]]] = [[] for _ in range(config.cols)]
+    if config.kv_stages > 1:  # cascade: a batch of share_cols tiles; its slowest stage is the first segment's
+        last = {i: blocks_needed(shape, config, (i + 1) * config.share_cols - 1) for i in range(batches)}
+        weight = {i: min(stage_blocks(shape, config), nb) for i, nb in last.items()}
+    n = config.cols // config.share_cols  # column groups (a cascade unit spans share_cols columns)
+    load = [0] * n
+    cols: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for c, i in sorted(units, key=lambda u: (-weight[u[1]], u)):
         col = load.index(min(load))
         cols[col].append((c, i))
@@ -394,10 +540,181 @@ def _program(q_fifo: str, kv_fifo: str, o_fifo: str, blocks: list[tuple[int, int
     return program
 
 
+def _stage_kernel(shape: Shape, config: Config, tiles: list[int], stage: int, owns: list[int]) -> TileKernel:
+    """Stage ``stage`` of a cascade column: online softmax over its key segment, then merge / pass on / finish.
+
+    Its per-call figures are the stage's totals over its units spread over its calls (the timing model charges
+    calls x per-call): every block it computes, and the merge chain on its critical path - the merges of stages
+    1..stage run one after another (each needs the previous one's state), so stage s finishes a unit ``s`` merges
+    after the blocks; the last stage also divides by l and converts (OPS_PER_OUTPUT per output element)."""
+    tq, tk, d, nst = config.tile_q, config.tile_k, shape.head_dim, config.kv_stages
+    scale = 1.0 / math.sqrt(d)
+    per_block = _kernel(shape, config, {})
+    merge_ops = tq * d * OPS_PER_MERGE_ACC + tq * OPS_PER_ROW
+    state_bytes = STATE_BYTES * tq * (d + 2)
+    segment = stage_blocks(shape, config)
+    blocks = sum(max(0, min(segment, own - stage * segment)) for own in owns)
+    units = len(owns)
+    calls = blocks + units * ((1 if stage else 0) + 1)
+    vops = blocks * per_block.vector_ops_per_call + units * stage * merge_ops
+    nbytes = blocks * per_block.bytes_per_call + units * 2 * state_bytes
+    if stage == nst - 1:
+        vops += units * tq * d * OPS_PER_OUTPUT
+    macs = blocks * per_block.macs_per_call
+
+    def stage_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
+        sc = ctx.scratch
+        if sc.get("unit") != ctx.iteration:
+            sc["unit"], sc["state"] = ctx.iteration, initial_state((), tq, d)
+        if ctx.step >= 0:
+            q, kv = ins
+            q0 = shape.q_start + tiles[ctx.iteration] * tq
+            masked = hidden(shape, torch.arange(q0, q0 + tq), torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
+            sc["state"] = block_update(q, kv[:, 0], kv[:, 1], masked, sc["state"], scale, True)
+        elif ctx.step == _MERGE:
+            sc["state"] = merge_states(unpack_state(ins[0]), sc["state"])  # earlier keys' chain first
+        elif ctx.step == _SEND:
+            outs[0].copy_(pack_state(sc["state"]))
+        else:
+            outs[0].copy_(finish(sc["state"]))
+
+    return TileKernel(
+        name=f"flash_attn_cascade_{config.variant}_{tq}x{tk}x{d}_s{stage}",
+        fn=stage_tile,
+        variant=config.variant,
+        macs_per_call=-(-macs // max(calls, 1)),
+        vector_ops_per_call=-(-vops // max(calls, 1)),
+        bytes_per_call=-(-nbytes // max(calls, 1)),
+        params={"tile_q": tq, "tile_k": tk, "head_dim": d, "stage": stage},
+    )
+
+
+def _stage_program(
+    fifos: tuple[str, str, str | None, str], stage: int, last: bool, segment: int, units: list[tuple[int, int]]
+):
+    """Per unit (blocks the unit's tile computes, objects streamed): hold q, take every streamed key object (one
+    block per stage), compute the blocks of its own segment the tile sees, then merge the previous stage's state
+    (stage > 0) and pass the result on (or finish it: the last stage)."""
+    q_f, kv_f, in_f, out_f = fifos
+
+    def program(worker: Worker) -> Iterator:
+        for u, (own, streamed) in enumerate(units):
+            (q,) = yield Acquire(q_f, 1)
+            for j in range(streamed):
+                (kv,) = yield Acquire(kv_f, 1)
+                b = stage * segment + j
+                if b < own:
+                    yield Call((q, kv), (), u, b, own)
+                yield Release(kv_f, 1)
+            yield Release(q_f, 1)
+            if in_f is not None:
+                (st,) = yield Acquire(in_f, 1)
+                yield Call((st,), (), u, _MERGE, 0)
+                yield Release(in_f, 1)
+            (out,) = yield Acquire(out_f, 1)
+            yield Call((), (out,), u, _FINISH if last else _SEND, 0)
+            yield Release(out_f, 1)
+
+    return program
+
+
+def _cascade_parts(shape: Shape, config: Config, device: Device):
+    """Fifos, links, workers and per-unit tasks of a cascade design (``kv_stages`` > 1; one head per unit, a batch
+    of ``share_cols`` query tiles on as many neighbouring columns, one tile each). Per column, q from its shim,
+    broadcast to its stages; per stage, the blocks of its key segment broadcast to that stage in every column of
+    the group (one K/V stream per unit and stage): from the shim of the group's column of that index when the group
+    has a column per stage, else as one [stages * tile_k, 2, d] object per step from the group's first shim, split
+    by its memory tile; the partial state passed stage to stage through shared
+    memory (neighbouring rows, no DMA); o from each column's last stage to its shim."""
+    tq, tk, d, g, nst, sc = (config.tile_q, config.tile_k, shape.head_dim, shape.group, config.kv_stages,
+                             config.share_cols)  # fmt: skip
+    qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
+    q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
+    segment = stage_blocks(shape, config)
+    fifos: list[ObjectFifo] = []
+    links = []
+    workers: list[Worker] = []
+    group_tasks: list[list[list[tuple[str, str, str, object]]]] = []
+    for grp, units in enumerate(assign_units(shape, config)):
+        c0 = grp * sc
+        kv_in = f"kv_{c0}"
+        parts = [f"kv_{c0}_{s}" for s in range(nst)]
+        direct = sc >= nst  # one stream per stage segment, each from its own column's shim (AIR's QKIn_s / VIn_s)
+        if direct:
+            fifos += [
+                ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0 + s, SHIM_ROW))
+                for s, f in enumerate(parts)
+            ]
+        else:
+            fifos += [ObjectFifo(kv_in, (nst * tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0, SHIM_ROW))]
+            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
+            offsets = [s * tk * 2 * d for s in range(nst)]
+            links.append(split(f"kv_split_{c0}", kv_in, parts, offsets, Tile(c0, MEM_ROW)))
+        # per unit: the blocks each column's tile computes; the group streams what its last tile needs
+        owns = {c: [blocks_needed(shape, config, i * sc + c) for _, i in units] for c in range(sc)}
+        streamed = [min(segment, max(owns[c][u] for c in range(sc))) for u in range(len(units))]
+        per_unit = []
+        for u, (h, i) in enumerate(units):
+            tasks = []
+            for c in range(sc):
+                q_off = (i * sc + c) * tq * qd + h * d
+                tasks += [("fill", f"q_{c0 + c}", "q", tap) for tap in legal_taps(q_shape, q_off, [tq, d], [qd, 1])]
+            if direct:
+                for st, f in enumerate(parts):
+                    off = st * segment * tk * 2 * kvd + (h // g) * d
+                    sizes, strides = [streamed[u], tk, 2, d], [tk * 2 * kvd, 2 * kvd, kvd, 1]
+                    tasks += [("fill", f, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
+            else:
+                sizes = [streamed[u], nst, tk, 2, d]
+                strides = [tk * 2 * kvd, segment * tk * 2 * kvd, 2 * kvd, kvd, 1]
+                tasks += [("fill", kv_in, "kv", tap) for tap in legal_taps(kv_shape, (h // g) * d, sizes, strides)]
+            for c in range(sc):
+                q_off = (i * sc + c) * tq * qd + h * d
+                tasks += [("drain", f"o_{c0 + c}", "o", tap) for tap in legal_taps(q_shape, q_off, [tq, d], [qd, 1])]
+            per_unit.append(tasks)
+        group_tasks.append(per_unit)
+        for c in range(sc):
+            col = c0 + c
+            q_in, o_out = f"q_{col}", f"o_{col}"
+            states = [f"st_{col}_{s}" for s in range(nst - 1)]
+            fifos += [ObjectFifo(q_in, (tq, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW))]
+            fifos += [ObjectFifo(f, (tq, d + 2), "fp32", 1) for f in states]
+            fifos += [ObjectFifo(o_out, (tq, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW))]
+            tiles = [i * sc + c for _, i in units]
+            for s in range(nst):
+                st_in = states[s - 1] if s else None
+                out = states[s] if s < nst - 1 else o_out
+                n_blocks = sum(max(0, min(segment, own - s * segment)) for own in owns[c])
+                workers.append(
+                    Worker(
+                        name=f"attn_{col}_{s}",
+                        kernel=_stage_kernel(shape, config, tiles, s, owns[c]),
+                        inputs=(q_in, parts[s]) + ((st_in,) if st_in else ()),
+                        outputs=(out,),
+                        iterations=1,
+                        placement=Tile(col, FIRST_COMPUTE_ROW + s),
+                        local_bytes=_local(shape, config),
+                        acquires={q_in: len(units), parts[s]: sum(streamed), out: len(units)}
+                        | ({st_in: len(units)} if st_in else {}),
+                        calls_per_iteration=max(1, n_blocks + len(units) * ((1 if s else 0) + 1)),
+                        program=_stage_program(
+                            (q_in, parts[s], st_in, out),
+                            s,
+                            s == nst - 1,
+                            segment,
+                            list(zip(owns[c], streamed, strict=True)),
+                        ),
+                    )
+                )
+    return fifos, links, workers, group_tasks
+
+
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
     device = device or npu2()
     config = config or default_config(shape, device)
     _check(shape, config, device)
+    if config.kv_stages > 1:
+        return _assemble(shape, config, device, *_cascade_parts(shape, config, device))
     hpc, tq, tk, d, g = config.heads_per_col, config.tile_q, config.tile_k, shape.head_dim, shape.group
     qpc, nw = config.q_tiles_per_col, config.workers_per_col
     kvh = max(1, hpc // g)  # KV heads one unit needs
@@ -472,17 +789,33 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
                     program=_program(q_slot[w], kv_slot[w], o_slot[w], blocks),
                 )
             )
+    return _assemble(shape, config, device, fifos, links, workers, col_tasks)
+
+
+def _assemble(
+    shape: Shape,
+    config: Config,
+    device: Device,
+    fifos: list[ObjectFifo],
+    links: list,
+    workers: list[Worker],
+    col_tasks: list[list[list[tuple[str, str, str, object]]]],
+) -> Design:
+    tk, d, s_pad = config.tile_k, shape.head_dim, kv_rows(shape, config)
+    q_shape, kv_shape = (shape.q_len, shape.q_dim), (s_pad, 2 * shape.kv_dim)
     design = Design(
         name=f"attention_{shape.q_len}x{shape.kv_len}_h{shape.n_heads}_kv{shape.n_kv_heads}_d{d}"
         + ("" if shape.causal else "_noncausal")
-        + ("" if config.skip_masked or not shape.causal else "_noskip"),
+        + ("" if config.skip_masked or not shape.causal else "_noskip")
+        + (f"_cascade{config.kv_stages}" if config.kv_stages > 1 else "")
+        + ("_rounds" if config.rounds else ""),
         device=device,
         inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape)],
         outputs=[TensorSpec("o", q_shape)],
         fifos=fifos,
         links=links,
         workers=workers,
-        runtime=_runtime(col_tasks, device),
+        runtime=_runtime(col_tasks, device, config.rounds, {f.name: f.shim_placement for f in fifos}),
         numerics=nx.Numerics(
             "bf16",
             "fp32",
@@ -492,6 +825,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         ),
         fast=_fast(shape, config),
     )
+    groups = len({t.group for t in design.runtime.tasks})
     seen = shape.q_start + (shape.q_len + 1) / 2 if shape.causal else shape.kv_len  # keys per query, on average
     useful = 2 * shape.q_len * shape.n_heads * d * seen
     design.meta = {
@@ -500,6 +834,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         "config": asdict(config),
         "logical_shape": asdict(shape),
         "kv_rows": s_pad,
+        "units_per_col": [len(u) for u in col_tasks],
+        "task_groups": groups,
+        "kv_stages": config.kv_stages,
         "macs": design.total_macs(),
         "useful_macs": int(useful),
         "ddr_read_bytes": design.ddr_read_bytes(),
@@ -508,30 +845,45 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     return design
 
 
-def _runtime(col_tasks: list[list[list[tuple[str, str, str, object]]]], device: Device) -> Runtime:
+def _runtime(
+    col_tasks: list[list[list[tuple[str, str, str, object]]]],
+    device: Device,
+    rounds: bool = False,
+    shim_of: dict[str, object] | None = None,
+) -> Runtime:
     """Units' tasks in order, packed into task groups that keep every shim within its BDs.
 
-    A unit starts a new group when it does not fit the current one; a unit too big for any group (many
-    per-block kv patterns) is cut between groups. Order is kept, so every task's inputs come from the same
+    A unit starts a new group when it does not fit the current one on some shim (``shim_of``: each fifo's shim;
+    ``rounds``: always, each unit is one iteration of a sequential launch loop); a unit too big for any group
+    (many per-block kv patterns) is cut between groups. Order is kept, so every task's inputs come from the same
     or an earlier group and no group waits on a later one.
     """
+    shim_of = shim_of or {}
     rt = Runtime()
     for per_unit in col_tasks:
-        group, used = 0, 0
+        group, used = 0, {}
         for tasks in per_unit:
-            if used and used + len(tasks) > device.shim.bds:
-                group, used = group + 1, 0
+            need: dict[object, int] = {}
+            for _, fifo, _, _ in tasks:
+                need[shim_of.get(fifo)] = need.get(shim_of.get(fifo), 0) + 1
+            if used and (rounds or any(used.get(k, 0) + n > device.shim.bds for k, n in need.items())):
+                group, used = group + 1, {}
             for kind, fifo, tensor, tap in tasks:
-                if used == device.shim.bds:
-                    group, used = group + 1, 0
+                key = shim_of.get(fifo)
+                if used.get(key, 0) == device.shim.bds:
+                    group, used = group + 1, {}
                 (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap, group)
-                used += 1
+                used[key] = used.get(key, 0) + 1
     rt.tasks.sort(key=lambda t: t.group)  # stable: task order within a fifo is kept
     return rt
 
 
 def _fast(shape: Shape, config: Config):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        if exact and config.kv_stages > 1:
+            return {"o": attend_cascade_exact(inputs["q"], inputs["kv"], shape, config)}
+        if config.kv_stages > 1:
+            return {"o": attend_fast(inputs["q"], inputs["kv"], shape, config.tile_k, stage_blocks(shape, config))}
         run = attend_exact if exact else attend_fast
         return {"o": run(inputs["q"], inputs["kv"], shape, config.tile_k)}
 
@@ -623,6 +975,25 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     out.sort(key=lambda x: x[0])
     cands = [c for _, c in out]
     return cands + [replace(cands[0], variant="scalar")] if cands else []
+
+
+def cascade_configs(shape: Shape, device: Device | None = None, stages: int = 4) -> list[Config]:
+    """Legal cascade tilings (``stages`` workers per column splitting the keys, units as sequential launch
+    iterations, every key block computed): AIR's registry FlashAttention dataflow (``attn_npu2.py``: one head and
+    one 64-query tile per column, ``num_cascade_stages`` = 4 rows, the outer launch over query chunks, head pairs
+    and value chunks run in sequence, ``causal_skip`` off). Largest query tile first, then largest key block; our
+    fp32 softmax state makes the tiles smaller than AIR's 64 x 64."""
+    device = device or npu2()
+    out = []
+    for tq in [t for t in (64, 32, 16, 8) if shape.q_len % t == 0]:
+        q_tiles = shape.q_len // tq
+        share = next(n for n in (AIR_Q_TILES, 2, 1) if q_tiles % n == 0 and device.columns % n == 0)
+        groups = min(device.columns // share, shape.n_heads * q_tiles // share)
+        for tk in (64, 32, 16):
+            cfg = Config(groups * share, 1, tq, tk, 2, "vector", 1, False, stages, True, share)
+            if l1_bytes(shape, cfg) <= device.compute.memory_bytes and stages <= device.compute_rows:
+                out.append(cfg)
+    return out
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
