@@ -72,6 +72,14 @@ DIGESTS: dict[str, dict[str, str]] = {
 }
 
 
+# The same numbers on a second CPU: logits bits depend on the CPU's bf16/fp16 kernels beyond what torch's
+# ``get_cpu_capability`` tells apart. Computed by running f7ba7e5's src (before the host-speed changes) through this
+# file's ``run_digests`` numbers on an "Intel(R) Xeon(R) Processor" with avx512_bf16 and avx512_fp16, torch
+# 2.13.0+cpu, 2 threads (2026-12-02); tokens equal the first machine's. A tree's logits must be those f7ba7e5
+# computes on one of the CPUs they were pinned on.
+ALSO_PINNED_LOGITS = ("6cf2b397b935564287d140c68d75990e0e9263bf8fc7b34e4df38583fb1fd315",)
+
+
 def deployed_plan(spec: ModelSpec) -> DeploymentPlan:
     """The trained model's deployed plan (its groups do not depend on the layer count) over ``spec``."""
     d = json.loads((DATA / "smollm2_135m_deployed_plan.json").read_text())
@@ -168,7 +176,7 @@ def test_numbers_and_modeled_figures_are_those_of_main_before_the_speed_work(smo
     if not _same_env():
         pytest.skip(f"logits bits were pinned on {ENV}; this is torch {torch.__version__} (modeled figures matched)")
     assert got["tokens"] == want["tokens"], "the generated tokens changed"
-    assert got["logits"] == want["logits"], "a logits bit changed"
+    assert got["logits"] in (want["logits"], *ALSO_PINNED_LOGITS), "a logits bit changed"
 
 
 def test_a_dry_timing_of_the_deployed_plan_is_that_of_main():
