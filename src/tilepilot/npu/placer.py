@@ -111,3 +111,21 @@ class SequentialPlacer:
         ends = [e for e in design.consumers(f.name) + design.producers(f.name) if e.kind != "shim"]
         col = self._end_column(design, f.name, ends)
         return 0 if col is None else col
+
+
+def translate(design: Design, dcol: int, drow: int) -> Design:
+    """A placed design moved ``dcol`` columns and its compute tiles ``drow`` rows (memory and shim tiles move with
+    their column only). Its structure, and so its validity and modeled time, are unchanged by the move; the caller
+    checks that the moved design stays on the device."""
+    if dcol == 0 and drow == 0:
+        return design
+
+    def move(t: Tile | None, rows: int) -> Tile | None:
+        return None if t is None else Tile(t.col + dcol, t.row + rows)
+
+    return replace(
+        design,
+        workers=[replace(w, placement=move(w.placement, drow)) for w in design.workers],
+        links=[replace(lk, placement=move(lk.placement, 0)) for lk in design.links],
+        fifos=[replace(f, shim_placement=move(f.shim_placement, 0)) for f in design.fifos],
+    )

@@ -55,21 +55,29 @@ def link_cost(design: Design, link: FifoLink) -> TileUse:
     return use
 
 
-def resource_use(design: Design) -> dict[Tile, TileUse]:
-    """Per-tile resource demand of a placed design (unplaced endpoints are skipped)."""
-    use: dict[Tile, TileUse] = defaultdict(TileUse)
+def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
+    """Per tile, what each part of a placed design claims, keyed by the part's *layout* (what it holds, not its
+    name): a core's stack, its locals, a fifo end's buffers (side, object bytes, depth), a link's storage, the shim
+    BDs of a task group. ``resource_use`` sums the claims; a resident pass (``npu/resident.py``) lets launches that
+    run one after another share a claim of the same layout (unplaced endpoints are skipped)."""
+    claims: dict[Tile, list[tuple[tuple, TileUse]]] = defaultdict(list)
+
+    def claim(tile: Tile, key: tuple, **kw: int) -> TileUse:
+        u = TileUse(**{k: v for k, v in kw.items() if k != "memory"})
+        claims[tile].append((key, u))
+        return u
+
     for w in design.workers:
         if w.placement is None:
             continue
-        u = use[w.placement]
-        u.add_memory(CORE_STACK_BYTES, "stack")
+        claim(w.placement, ("stack",)).add_memory(CORE_STACK_BYTES, "stack")
         if w.local_bytes:
-            u.add_memory(w.local_bytes, f"{w.name} locals")
+            claim(w.placement, ("locals",)).add_memory(w.local_bytes, f"{w.name} locals")
     for f in design.fifos:
         if uses_shared_memory(design, f):
             tile = design.worker(design.producers(f.name)[0].name).placement
-            use[tile].add_memory(f.buffer_bytes, f"fifo {f.name} (shared, {f.depth} x {f.obj_bytes} B)")
-            use[tile].locks += LOCKS_PER_FIFO_END
+            u = claim(tile, ("shared", f.obj_bytes, f.depth), locks=LOCKS_PER_FIFO_END)
+            u.add_memory(f.buffer_bytes, f"fifo {f.name} (shared, {f.depth} x {f.obj_bytes} B)")
             continue
         # a producer end sends on an MM2S channel, a consumer end receives on an S2MM one; a worker end also holds
         # the fifo's buffers, its BDs and its locks in its own tile (link ends are counted by link_cost below)
@@ -79,24 +87,20 @@ def resource_use(design: Design) -> dict[Tile, TileUse]:
                 tile = design.endpoint_tile(end, f.name)
                 if tile is None or end.kind not in ("worker", "shim"):
                     continue
-                u = use[tile]
-                setattr(u, channel, getattr(u, channel) + 1)
-                if end.kind == "worker":
-                    u.add_memory(f.buffer_bytes, f"fifo {f.name} {side} ({f.depth} x {f.obj_bytes} B)")
-                    u.bds += f.depth
-                    u.locks += LOCKS_PER_FIFO_END
+                if end.kind == "shim":
+                    claim(tile, ("shim", side, f.name), **{channel: 1})
+                    continue
+                u = claim(tile, ("fifo", side, f.obj_bytes, f.depth), bds=f.depth, locks=LOCKS_PER_FIFO_END)
+                setattr(u, channel, 1)
+                u.add_memory(f.buffer_bytes, f"fifo {f.name} {side} ({f.depth} x {f.obj_bytes} B)")
     for lk in design.links:
         if lk.placement is None:
             continue
         c = link_cost(design, lk)
-        u = use[lk.placement]
-        for p in c.parts:
-            u.parts.append(p)
-        u.memory += c.memory
-        u.s2mm += c.s2mm
-        u.mm2s += c.mm2s
-        u.bds += c.bds
-        u.locks += c.locks
+        srcs = tuple((design.fifo(f).obj_bytes, design.fifo(f).depth) for f in lk.srcs)
+        dsts = tuple((design.fifo(f).obj_bytes, design.fifo(f).depth) for f in lk.dsts)
+        claims[lk.placement].append((("link", lk.kind, srcs, dsts), c))
+    shim_bds: dict[Tile, int] = defaultdict(int)  # the most tasks one task group runs on each shim at once
     for group in design.runtime.groups():
         per_shim: dict[Tile, int] = defaultdict(int)
         for t in group:
@@ -104,5 +108,32 @@ def resource_use(design: Design) -> dict[Tile, TileUse]:
             if tile is not None:
                 per_shim[tile] += 1
         for tile, n in per_shim.items():
-            use[tile].bds = max(use[tile].bds, n)
-    return dict(use)
+            shim_bds[tile] = max(shim_bds[tile], n)
+    for tile, n in shim_bds.items():
+        claims[tile].append((("shim_bds",), TileUse(bds=n)))
+    return dict(claims)
+
+
+def add_use(total: TileUse, part: TileUse) -> None:
+    """Add ``part``'s demand to ``total`` (memory with its contributions)."""
+    total.memory += part.memory
+    total.parts.extend(part.parts)
+    total.s2mm += part.s2mm
+    total.mm2s += part.mm2s
+    total.bds += part.bds
+    total.locks += part.locks
+
+
+def resource_use(design: Design) -> dict[Tile, TileUse]:
+    """Per-tile resource demand of a placed design: its claims summed (the shim's BDs: the largest task group)."""
+    use: dict[Tile, TileUse] = {}
+    for tile, items in resource_claims(design).items():
+        u = use[tile] = TileUse()
+        shim_bds = 0
+        for key, part in items:
+            if key == ("shim_bds",):
+                shim_bds = max(shim_bds, part.bds)
+            else:
+                add_use(u, part)
+        u.bds = max(u.bds, shim_bds)
+    return use

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from tilepilot.errors import TilepilotError
 from tilepilot.npu.design import SHIM, Design, MultiLaunchGroup, TensorAccessPattern, Tile
 from tilepilot.npu.design import dtype_bytes as _dtype_bytes
+from tilepilot.npu.device import Device
 from tilepilot.npu.placer import SequentialPlacer
 from tilepilot.npu.resources import (
     CORE_STACK_BYTES,
@@ -522,9 +523,13 @@ def _placement(design: Design) -> list[Violation]:
 
 
 def _resources(design: Design) -> list[Violation]:
+    return budget_problems(design.device, resource_use(design))
+
+
+def budget_problems(dev: Device, uses: dict[Tile, TileUse]) -> list[Violation]:
+    """Every per-tile budget (memory, DMA channels, BDs, locks) the demand ``uses`` breaks on ``dev``."""
     out: list[Violation] = []
-    dev = design.device
-    for tile, u in sorted(resource_use(design).items()):
+    for tile, u in sorted(uses.items()):
         kind = dev.kind(tile)
         r = dev.resources(tile)
         if kind in ("compute", "mem") and u.memory > r.memory_bytes:
@@ -618,6 +623,7 @@ def check_dispatch(name: str, seconds: float, limit_s: float = DISPATCH_WATCHDOG
 __all__ = [
     "CODES",
     "DISPATCH_WATCHDOG_S",
+    "budget_problems",
     "check_dispatch",
     "dispatch_problems",
     "CORE_STACK_BYTES",

@@ -1,0 +1,274 @@
+"""A resident pass: every launch of a dispatch configured into the array once, as AIR's fused decode is built.
+
+AIR's fused decode (Xilinx/mlir-air ``programming_examples/fused_decode``) is *one* AIR module: 16 layers and the
+LM head in one xclbin, the same core roles (``proj_qmm``, ``rms_residual``, ``rope``, ``glu``, ``attn_qk`` /
+``attn_kv``) serving every layer, per-token words patched on the host. Nothing is reconfigured between its
+operations: a core finishes one and its locks release the next. A multi-launch group (``npu/timing.py``
+``time_group``) is the other thing AIR and IRON do: designs loaded one after another, each further launch paying
+a design switch (``Calibration.launch_in_group_s``).
+
+Legality (a MODEL of how such a module is allocated; conservative where unsure): every distinct design of the
+pass holds its resources at the same time, on the tiles it is placed on, except that launches which run one after
+another share a claim of the same *layout* (``npu/resources.py`` ``resource_claims``: a fifo end of the same side,
+object size and depth; a link of the same kind and objects; a core's stack and its locals, whose lifetimes end
+with the launch): one buffer set per layout and tile, as many as the one launch that needs most of them. So a
+projection kernel reused for Q/K/V, O, gate/up and down with one tiling costs its buffers once, as AIR's
+``proj_qmm`` role does, while launches of different layouts add up. DMA channels are the most any one launch uses
+(a channel's BD chain serves each launch's buffers in turn); shim BDs are re-written by the runtime sequence per
+task group, so they too are the most any launch uses. Budgets are the device's per-tile ones (the validator's).
+
+Not modeled: program memory (each core's program holds every role it runs), and whether the compiler could
+overlay buffers of different layouts (it is not assumed).
+
+Timing (``time_resident``): one host round trip, each tile of the union configured once, then the launches' own
+modeled times in order (each with its pipeline fill and drain); no design switch between them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tilepilot.errors import InputError
+from tilepilot.npu.calibration import CALIBRATION, Calibration
+from tilepilot.npu.design import Design
+from tilepilot.npu.device import Device, Tile
+from tilepilot.npu.placer import SequentialPlacer, translate
+from tilepilot.npu.resources import TileUse, add_use, resource_claims
+from tilepilot.npu.timing import GroupTiming, time_design
+from tilepilot.npu.validate import DesignError, Violation, budget_problems
+
+
+def distinct(designs: Sequence[Design]) -> list[Design]:
+    """The pass's designs once each (a layer's launches repeat in every layer), in first-use order."""
+    seen: dict[int, Design] = {}
+    for d in designs:
+        seen.setdefault(id(d), d)
+    return list(seen.values())
+
+
+Claims = dict[Tile, list[tuple[tuple, TileUse]]]
+
+
+# per tile: layout -> (the most claims of it one launch makes, the largest claim), and the DMA channels one launch uses
+Summary = dict[Tile, tuple[dict[tuple, tuple[int, TileUse]], tuple[int, int]]]
+
+
+class Occupancy:
+    """What designs held together claim, per tile: layout -> (the most claims of it in one launch, the largest
+    claim), and the (S2MM, MM2S) channels of the busiest launch. Built in place; ``only`` copies the tiles a trial
+    is about to change."""
+
+    def __init__(self) -> None:
+        self.layouts: dict[Tile, dict[tuple, tuple[int, TileUse]]] = {}
+        self.channels: dict[Tile, tuple[int, int]] = {}
+
+    def merge(self, summary: Summary, tiles: set[Tile] | None = None) -> None:
+        for tile, (layouts, (s2mm, mm2s)) in summary.items():
+            if tiles is not None and tile not in tiles:
+                continue
+            have = self.layouts.setdefault(tile, {})
+            for key, (n, part) in layouts.items():
+                was = have.get(key)
+                if was is None:
+                    have[key] = (n, part)
+                    continue
+                widest = (
+                    part if (part.memory, part.bds, part.locks) > (was[1].memory, was[1].bds, was[1].locks) else was[1]
+                )
+                have[key] = (max(was[0], n), widest)
+            c = self.channels.get(tile, (0, 0))
+            self.channels[tile] = (max(c[0], s2mm), max(c[1], mm2s))
+
+    def add(self, design: Design, move: tuple[int, int] = (0, 0), tiles: set[Tile] | None = None) -> None:
+        """Add a placed design moved by ``move`` (only its claims on ``tiles``, if given)."""
+        self.merge(summary_of(design, move), tiles)
+
+    def only(self, tiles: set[Tile]) -> Occupancy:
+        """A copy holding ``tiles`` only (what the caller is about to change)."""
+        out = Occupancy()
+        out.layouts = {t: dict(self.layouts[t]) for t in tiles if t in self.layouts}
+        out.channels = {t: self.channels[t] for t in tiles if t in self.channels}
+        return out
+
+    def use_of(self, tile: Tile) -> TileUse:
+        total = TileUse()
+        for key, (n, part) in self.layouts.get(tile, {}).items():
+            if key == ("shim_bds",):
+                total.bds = max(total.bds, part.bds)
+                continue
+            for _ in range(n):
+                add_use(total, part)
+        total.s2mm, total.mm2s = self.channels.get(tile, (0, 0))
+        return total
+
+    def use(self, tiles: Iterable[Tile] | None = None) -> dict[Tile, TileUse]:
+        return {t: self.use_of(t) for t in (self.layouts if tiles is None else tiles)}
+
+
+def summarize(claims: Claims) -> Summary:
+    """A design's claims reduced to what the sharing rule reads (see ``Occupancy``)."""
+    out: Summary = {}
+    for tile, items in claims.items():
+        layouts: dict[tuple, tuple[int, TileUse]] = {}
+        s2mm = mm2s = 0
+        for key, part in items:
+            s2mm, mm2s = s2mm + part.s2mm, mm2s + part.mm2s
+            was = layouts.get(key)
+            if was is None:
+                layouts[key] = (1, part)
+            else:
+                wider = (part.memory, part.bds, part.locks) > (was[1].memory, was[1].bds, was[1].locks)
+                layouts[key] = (was[0] + 1, part if wider else was[1])
+        out[tile] = (layouts, (s2mm, mm2s))
+    return out
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where each distinct design of a resident pass sits (``placed``: id of the design as given -> the design
+    moved there), the per-tile demand of all of them together, and the budgets it breaks (empty = legal)."""
+
+    placed: dict[int, Design]
+    use: dict[Tile, TileUse]
+    problems: tuple[Violation, ...]
+    moves: dict[int, tuple[int, int]] = field(default_factory=dict)  # id of the design as given -> (columns, rows)
+
+    def designs(self, designs: Sequence[Design]) -> list[Design]:
+        """The pass's launches in order, each as packed."""
+        return [self.placed[id(d)] for d in designs]
+
+    def tiles(self, device: Device) -> int:
+        """Tiles the pass configures: every compute and memory tile any of its designs uses, once."""
+        return sum(1 for tile in self.use if device.kind(tile) != "shim")
+
+
+def _shift(claims: dict, dc: int, dr: int, device: Device) -> dict:
+    """Claims of the design moved ``dc`` columns and its compute tiles ``dr`` rows (``npu.placer.translate``)."""
+    if dc == 0 and dr == 0:
+        return claims
+    return {Tile(t.col + dc, t.row + (dr if device.kind(t) == "compute" else 0)): items for t, items in claims.items()}
+
+
+def _moves(design: Design) -> list[tuple[int, int]]:
+    """The column and row moves that keep ``design`` on its device, nearest first."""
+    dev = design.device
+    tiles = [w.placement for w in design.workers if w.placement is not None]
+    tiles += [lk.placement for lk in design.links if lk.placement is not None]
+    tiles += [f.shim_placement for f in design.fifos if f.shim_placement is not None]
+    if not tiles:
+        return [(0, 0)]
+    cols = dev.columns - 1 - max(t.col for t in tiles)
+    rows = [w.placement.row for w in design.workers if w.placement is not None]
+    drows = dev.rows - 1 - max(rows) if rows else 0
+    moves = [(dc, dr) for dc in range(-min(t.col for t in tiles), cols + 1) for dr in range(drows + 1)]
+    return sorted(moves, key=lambda m: (abs(m[0]) + m[1], m[1], abs(m[0]), m[0]))
+
+
+def pack(name: str, designs: Sequence[Design]) -> Packing:
+    """Pack the distinct designs of a resident pass onto one array, deterministically: the designs with the most
+    workers first, each at the nearest move of its own placement (``npu.placer.translate``: whole columns, compute
+    rows) where everything packed so far and it fit the tile budgets together; a design that fits nowhere stays
+    where its placer put it and the pass's problems say which budgets break."""
+    if not designs:
+        raise InputError(f"Resident pass {name!r} holds no launches; give it at least one design.")
+    placer = SequentialPlacer()
+    device = designs[0].device
+    ds = distinct(designs)
+    order = sorted(range(len(ds)), key=lambda i: (-len(ds[i].workers), i))
+    occ = Occupancy()
+    placed: dict[int, Design] = {}
+    moves: dict[int, tuple[int, int]] = {}
+    for i in order:
+        d = ds[i] if ds[i].is_placed() else placer.place(ds[i])
+        move = (0, 0)
+        for m in _moves(d):
+            summary = summary_of(d, m)
+            trial = occ.only(set(summary))
+            trial.merge(summary)
+            if not budget_problems(device, trial.use(summary)):
+                move = m
+                break
+        occ.add(d, move)
+        placed[id(ds[i])], moves[id(ds[i])] = translate(d, *move), move
+    use = occ.use()
+    problems = tuple(
+        Violation(v.code, v.tile, f"resident pass {name}: {v.message}") for v in budget_problems(device, use)
+    )
+    return Packing(placed, use, problems, moves)
+
+
+def demand_on(tiles: Iterable[Tile], designs: Sequence[tuple[Design, tuple[int, int]]]) -> dict[Tile, TileUse]:
+    """What ``designs`` (each placed by its placer, then moved) ask of each of ``tiles`` together."""
+    tiles = set(tiles)
+    occ = Occupancy()
+    for d, move in designs:
+        occ.add(d, move, tiles)
+    return {t: occ.use_of(t) for t in tiles}
+
+
+def tiles_of(design: Design, move: tuple[int, int] = (0, 0)) -> set[Tile]:
+    """The tiles a placed design claims once moved."""
+    return set(summary_of(design, move))
+
+
+_SUMMARIES: OrderedDict[int, tuple[Design, Claims, Summary, dict]] = OrderedDict()
+
+
+def _cached(design: Design) -> tuple[Claims, Summary]:
+    """``resource_claims`` of a placed design and its summary, remembered (by identity, the design held) for the last
+    few thousand designs: a packing search asks about the same designs at every step."""
+    return _entry(design)[1:3]
+
+
+def _entry(design: Design) -> tuple[Design, Claims, Summary, dict]:
+    hit = _SUMMARIES.get(id(design))
+    if hit is not None and hit[0] is design:
+        _SUMMARIES.move_to_end(id(design))
+        return hit
+    claims = resource_claims(design)
+    entry = (design, claims, summarize(claims), {})
+    _SUMMARIES[id(design)] = entry
+    while len(_SUMMARIES) > 4096:
+        _SUMMARIES.popitem(last=False)
+    return entry
+
+
+def claims_of(design: Design) -> Claims:
+    return _cached(design)[0]
+
+
+def summary_of(design: Design, move: tuple[int, int] = (0, 0)) -> Summary:
+    """The design's summary with its tiles moved (``npu.placer.translate``; remembered per move)."""
+    _, _, summary, moved = _entry(design)
+    if move not in moved:
+        moved[move] = _shift(summary, *move, design.device)
+    return moved[move]
+
+
+def touches(design: Design, tile: Tile) -> bool:
+    """Whether a placed design uses ``tile`` (a worker, a link or a shim end on it)."""
+    return (
+        any(w.placement == tile for w in design.workers)
+        or any(lk.placement == tile for lk in design.links)
+        or any(f.shim_placement == tile for f in design.fifos)
+    )
+
+
+def resident_problems(name: str, designs: Sequence[Design]) -> list[Violation]:
+    """Every budget the designs break when packed into one resident pass (empty = legal)."""
+    return list(pack(name, designs).problems)
+
+
+def time_resident(name: str, designs: Sequence[Design], cal: Calibration = CALIBRATION) -> GroupTiming:
+    """One dispatch holding every launch of a resident pass: host round trip + each tile configured once + the
+    launches in order (modeled). No design switch: nothing is reconfigured between them. Raises ``DesignError``
+    when the designs cannot be packed into one array (legal or nothing)."""
+    packing = pack(name, designs)
+    if packing.problems:
+        raise DesignError(list(packing.problems), f"resident pass {name}")
+    timings = tuple(time_design(d, cal) for d in packing.designs(designs))
+    configure = packing.tiles(designs[0].device) * cal.tile_config_s
+    seconds = cal.dispatch_overhead_s + configure + sum(t.seconds for t in timings)
+    return GroupTiming(name, seconds, cal.dispatch_overhead_s, configure, timings)

@@ -1,0 +1,71 @@
+"""A resident pass (``npu/resident.py``): every launch of a dispatch packed into the array and configured once.
+
+The sharing rule (launches of one buffer layout share it, others add up), the packing (a design that does not fit
+beside the others is moved where it does, or the pass is an error with its validator code) and the timing (one
+dispatch, each tile configured once, no design switch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tilepilot.kernels import eltwise
+from tilepilot.npu.calibration import CALIBRATION
+from tilepilot.npu.placer import SequentialPlacer
+from tilepilot.npu.resident import pack, time_resident
+from tilepilot.npu.resources import resource_use
+from tilepilot.npu.timing import time_design, time_group
+from tilepilot.npu.validate import DesignError, check
+
+
+def _add(tiles: int, chunk: int, calls: int = 1):
+    """An eltwise add on ``tiles`` tiles: 3 fifos x 2 buffers x ``chunk`` bf16 elements per tile (chunk 4096 fills
+    48 KiB of a 64 KiB tile)."""
+    cfg = eltwise.Config(tiles=tiles, chunk=chunk)
+    return check(SequentialPlacer().place(eltwise.make_design(eltwise.Shape(n=tiles * chunk * calls), cfg)))
+
+
+def test_launches_of_one_buffer_layout_share_it():
+    a, b = _add(8, 4096), _add(8, 4096, calls=2)  # two shapes, one layout on every tile
+    p = pack("pass", [a, b, a])
+    assert p.problems == ()
+    tile = a.workers[0].placement
+    alone = resource_use(a)[tile]
+    assert p.use[tile].memory == alone.memory and p.use[tile].locks == alone.locks  # one buffer set, not two
+    assert p.moves[id(b)] == (0, 0)
+
+
+def test_a_launch_that_does_not_fit_beside_the_others_is_moved_where_it_does():
+    big, small = _add(8, 4096), _add(8, 2048)  # 48 KiB + 24 KiB on one tile would overflow its 64 KiB
+    p = pack("pass", [big, small])
+    assert p.problems == ()
+    moved = p.placed[id(small)]
+    assert p.moves[id(small)] != (0, 0)
+    assert {w.placement for w in moved.workers}.isdisjoint({w.placement for w in big.workers})
+    assert time_design(moved).seconds == time_design(small).seconds  # moving a design does not change its time
+
+
+def test_a_pass_whose_launches_cannot_fit_together_is_an_error_with_its_code():
+    # five launches of 8 tiles (two columns) and 36-48 KiB per tile: any two overflow a shared tile's 64 KiB, and
+    # the array holds four such column pairs
+    launches = [_add(8, chunk) for chunk in (4096, 3840, 3584, 3328, 3072)]
+    assert pack("pass", launches[:4]).problems == ()
+    p = pack("pass", launches)
+    assert {v.code for v in p.problems} == {"L1_OVERFLOW"}
+    assert "resident pass pass" in p.problems[0].message
+    with pytest.raises(DesignError) as e:
+        time_resident("pass", launches)
+    assert "L1_OVERFLOW" in e.value.codes
+
+
+def test_resident_time_is_one_dispatch_one_configuration_and_the_launches_without_switches():
+    a, b = _add(8, 4096), _add(8, 4096, calls=2)
+    cal = CALIBRATION
+    t = time_resident("pass", [a, b, a], cal)
+    launches = 2 * time_design(a, cal).seconds + time_design(b, cal).seconds
+    tiles = 8 + len({lk.placement for lk in a.links})  # the union: a's tiles, which b shares
+    assert t.seconds == pytest.approx(cal.dispatch_overhead_s + tiles * cal.tile_config_s + launches, rel=1e-12)
+    assert t.launches == 3 and t.clock == "modeled"
+    switched = time_group([a, b, a], cal)
+    assert switched.seconds - t.seconds == pytest.approx(
+        2 * cal.launch_in_group_s + 2 * tiles * cal.tile_config_s, rel=1e-9
+    )
