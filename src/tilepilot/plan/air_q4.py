@@ -6,7 +6,10 @@ What AIR did (reference/xdna2.md, "AIR's own 4-bit deployments", Xilinx/mlir-air
 - weights Q4NX: per-block affine 4-bit, w = q * scale + min (``q4_1`` here, GGUF's 32-value blocks: AIR's block
   size is not published), the LM head included (AIR's ~35.7 GB/s at 58.6 tok/s is ~610 MB per token, which a bf16
   head of 525 MB alone would nearly fill); the embedding gather stays bf16;
-- decode in **one dispatch per token** (all layers and the LM head, ``StagePlan.one_dispatch``), attention and the
+- decode in **one dispatch per token** (all layers and the LM head, ``StagePlan.one_dispatch``), built as one
+  resident module as AIR's ``fused_decode.py`` builds it (``StagePlan.resident``: every launch packed into the
+  array and configured once, no design switch between them; ``plan/resident.py`` picks the configs that fit, the
+  weight feed kept), attention and the
   KV writes on the NPU, the projections as quantized GEMVs over the packed blocks fed by one or both shim MM2S
   channels of each column (``weight_channels``), on 4 compute rows per column (AIR's decode cascade uses up to 4
   core rows), falling back to what the shape allows;
@@ -32,6 +35,7 @@ from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, check_plan, npu_family, with_weights
+from tilepilot.plan.resident import fit_resident
 
 # Distance between readback templates of the windowed fused decode: 256 positions = 4 key blocks of the attention
 # family's 64-row tiles. ESTIMATE of a sensible template count (AIR does not publish its window list).
@@ -101,13 +105,14 @@ def air_q4_plan(
                 c.config = _feed(spec, node.weights[0] if node.kind == "linear" else "lm_head", fmt, weight_channels)
     if windowed:
         plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
+    plan, _ = fit_resident(plan, spec, keep=("weight_channels", "fmt", "block"))
     plan.name = "air-q4"
     readback = f"windowed every {KV_WINDOW_STEP} rows" if windowed else f"padded to {max(plan.decode.kv_windows)}"
     plan.notes = [
         "air-q4: AIR's Q4NX deployment (reference/xdna2.md): q4_1 (affine 4-bit) layer weights and LM head, bf16 "
         "embeddings",
-        f"decode: one dispatch per token, attention on the NPU, weights fed on {weight_channels} shim channel(s) per "
-        f"column, KV readback {readback}",
+        f"decode: one resident dispatch per token (every launch packed into the array, no design switch), attention "
+        f"on the NPU, weights fed on {weight_channels} shim channel(s) per column, KV readback {readback}",
         "prefill: bf16 GEMMs over the dequantized weights, grouped as the paper deployed this model (paper-like plan)",
     ]
     check_plan(plan, spec)

@@ -96,12 +96,17 @@ class StagePlan:
     decode runs 16 layers and the LM head per token; every group must then be on the NPU. ``kv_windows``: the KV
     readback templates of such a dispatch (its attention launches stream ``kv_readback(context)`` rows per layer,
     the smallest window holding the context); empty = each attention launch reads exactly the context.
+    ``resident``: such a dispatch is configured into the array once, every launch's tiles packed together, as AIR's
+    fused decode is one module (``npu/resident.py``): no design switch between launches, legal only when the
+    pass's designs fit the array together (``plan/resident.py`` finds configs that do); False = a design switch per
+    launch after the first (``npu.timing.time_group``).
     """
 
     block: list[KernelGroup]
     head: list[KernelGroup]
     one_dispatch: bool = False
     kv_windows: list[int] = field(default_factory=list)
+    resident: bool = False
 
     def groups(self) -> list[KernelGroup]:
         return self.block + self.head
@@ -238,6 +243,7 @@ def _stage_from_dict(d: dict[str, Any]) -> StagePlan:
         head=groups(d["head"]),
         one_dispatch=bool(d.get("one_dispatch", False)),
         kv_windows=[int(w) for w in d.get("kv_windows", [])],
+        resident=bool(d.get("resident", False)),
     )
 
 
@@ -266,6 +272,8 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
             problems.append(f"{stage} kv_windows {st.kv_windows} must be positive row counts")
         elif st.kv_windows and not st.one_dispatch:
             problems.append(f"{stage} has kv_windows but is not one dispatch; windows are templates of a fused pass")
+        if st.resident and not st.one_dispatch:
+            problems.append(f"{stage} is resident but not one dispatch; only a one-dispatch pass can be resident")
         for part, groups, expected, external in (
             ("block", st.block, graph.block_ops, {LAYER_INPUT}),
             ("head", st.head, graph.head_ops, {LAYER_INPUT}),

@@ -27,6 +27,7 @@ from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import MultiLaunchGroup
 from tilepilot.npu.device import Device, npu2
+from tilepilot.npu.resident import time_resident
 from tilepilot.npu.timing import GroupTiming, HostCost, time_group
 from tilepilot.npu.trace import Trace
 from tilepilot.npu.validate import DesignError, check_dispatch, validate, validate_group
@@ -132,7 +133,7 @@ class KernelLibrary:
         for k in keys:
             if k in self._designs:
                 self._designs.move_to_end(k)
-        gkey = (name, tuple(keys))
+        gkey = (name, tuple(keys), False)
         if name is not None and gkey in self._groups:
             self._groups.move_to_end(gkey)
 
@@ -142,17 +143,21 @@ class KernelLibrary:
 
     def timed_dispatches(self, name: str) -> list[GroupTiming]:
         """The modeled dispatches named ``name`` timed so far, oldest first (e.g. a one-dispatch pass's breakdown)."""
-        return [t for (n, _), t in self._groups.items() if n == name]
+        return [t for (n, *_), t in self._groups.items() if n == name]
 
-    def dispatch_time(self, name: str, keys: list[Any]) -> GroupTiming:
-        """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened)."""
-        gkey = (name, tuple(keys))
+    def dispatch_time(self, name: str, keys: list[Any], *, resident: bool = False) -> GroupTiming:
+        """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened); ``resident``:
+        the launches packed into the array and configured once (``npu.resident``; DesignError when they do not fit)."""
+        gkey = (name, tuple(keys), resident)
         if gkey not in self._groups:
             designs = []
             for k in keys:
                 d = self._designs[k][1]
                 designs.extend(d.designs if isinstance(d, MultiLaunchGroup) else [d])
-            timing = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
+            if resident:
+                timing = time_resident(name, designs, self.cal)
+            else:
+                timing = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
             check_dispatch(name, timing.seconds)
             self._groups[gkey] = timing
         self._touch(self._groups, gkey, self.capacity)
@@ -267,6 +272,7 @@ class Dispatcher:
         self.hc = HostCost(library.cal)
         self._ctx: dict[str, Any] = {}
         self._pass_keys: list[Any] | None = None  # launches of a one-dispatch pass, collected until end_pass
+        self._resident = False
         self._kv_readback: Callable[[int], int] | None = None
         self._prepared: OrderedDict[tuple, PreparedGroup] = OrderedDict()
         self._reads_context: dict[int, tuple[KernelGroup, bool]] = {}  # group id -> (group, has an attention op)
@@ -274,18 +280,24 @@ class Dispatcher:
         pool.on_sync = self._on_sync
 
     # ---- one dispatch per pass ---------------------------------------------------------------
-    def begin_pass(self, one_dispatch: bool, kv_readback: Callable[[int], int] | None = None) -> None:
+    def begin_pass(
+        self, one_dispatch: bool, kv_readback: Callable[[int], int] | None = None, resident: bool = False
+    ) -> None:
         """Start a pass; ``one_dispatch``: every NPU group's launches join one dispatch, timed at ``end_pass``.
-        ``kv_readback(context)``: KV rows each attention launch streams (a fused program's fixed template)."""
+        ``kv_readback(context)``: KV rows each attention launch streams (a fused program's fixed template).
+        ``resident``: that dispatch is configured once with every launch packed into the array (``npu/resident``)."""
         self._pass_keys = [] if one_dispatch else None
         self._kv_readback = kv_readback
+        self._resident = resident
 
     def end_pass(self, name: str, stage: str) -> None:
         """Time and trace the pass's single dispatch: one host round trip, a design switch per launch after the
-        first (``npu.timing.time_group``), and the driver's per-dispatch watchdog (DISPATCH_WATCHDOG) checked on it."""
+        first (``npu.timing.time_group``) or, resident, every launch packed and configured once
+        (``npu.resident.time_resident``: an illegal packing is a DesignError), and the driver's per-dispatch
+        watchdog (DISPATCH_WATCHDOG) checked on it."""
         keys, self._pass_keys, self._kv_readback = self._pass_keys, None, None
         if keys:
-            gt = self.library.dispatch_time(name, keys)
+            gt = self.library.dispatch_time(name, keys, resident=self._resident)
             self.trace.add_dispatch(gt, group=name, layer=None, stage=stage)
 
     # ---- trace plumbing ---------------------------------------------------------------------

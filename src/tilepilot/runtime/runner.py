@@ -268,7 +268,7 @@ class NpuRunner:
 
         kv = KVState(cache=self.cache)
         fused = stage_plan.one_dispatch
-        self.dispatcher.begin_pass(fused, stage_plan.kv_readback if fused else None)
+        self.dispatcher.begin_pass(fused, stage_plan.kv_readback if fused else None, stage_plan.resident)
         outputs: list[torch.Tensor] | None = [] if capture else None
         x = x_buf
         for layer in range(s.n_layers):

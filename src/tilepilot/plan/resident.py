@@ -1,0 +1,410 @@
+"""Make a one-dispatch decode resident: configs whose designs fit the array together (``npu/resident.py``).
+
+A resident pass holds every distinct design of a decode step at once. The configs a per-launch tuner picks each
+fill a tile on their own (a quantized GEMV's weight chunks and decoded block, an attention launch's K/V tiles), so
+together they overflow L1, locks and BDs. ``fit_resident`` changes them the way AIR's fused decode is built: a
+greedy search that, while the packing (``npu.resident.pack``) breaks a budget on some tile, replaces the config of
+one launch on that tile by a candidate of its family (``candidate_configs``) with a smaller footprint, choosing
+the one that costs the least modeled time per token (its launches per token x the time it adds). Deterministic:
+candidates in family order, ties broken by position. Every candidate design is validated on its own before it is
+considered, and the result is packed again by whoever times it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tilepilot.errors import TilepilotError
+from tilepilot.kernels.bind import MergedLinear, binding, make_config
+from tilepilot.kernels.registry import family
+from tilepilot.model.graph import OpNode, block_graph
+from tilepilot.model.spec import ModelSpec
+from tilepilot.npu.design import Design, MultiLaunchGroup
+from tilepilot.npu.device import Device, Tile, npu2
+from tilepilot.npu.placer import SequentialPlacer
+from tilepilot.npu.resident import Occupancy, Packing, claims_of, pack, tiles_of, touches
+from tilepilot.npu.resources import resource_use
+from tilepilot.npu.timing import time_design
+from tilepilot.npu.validate import DesignError, validate, validate_group
+from tilepilot.plan.plan import DeploymentPlan, KernelCall
+
+# Candidates of one family tried per launch (the family's own ranking; the tuner's bound, kernels/tuning.py).
+MAX_CANDIDATES = 48
+# Config replacements before the search gives up (each one strictly shrinks a launch's footprint).
+MAX_STEPS = 96
+
+
+@dataclass
+class _Slot:
+    """One launch of the pass: the plan call whose config decides it, its shape for a config, its launches per
+    token (a block op runs once per layer)."""
+
+    call: KernelCall
+    shape: Callable[[dict[str, Any]], Any]
+    per_token: int
+
+
+def _slots(plan: DeploymentPlan, spec: ModelSpec, context: int) -> list[_Slot]:
+    graph = block_graph(spec)
+    st = plan.decode
+    out = []
+    for groups, per_token in ((st.block, spec.n_layers), (st.head, 1)):
+        for g in groups:
+            merged = {m[0]: m for m in g.merged}
+            served = {o for m in g.merged for o in m[1:]}
+            for call in g.calls:
+                node = graph.node(call.op)
+                if node.kind == "kv_write" or call.op in served:
+                    continue
+                if call.op in merged:
+                    shape = _merged_shape(MergedLinear(tuple(graph.node(o) for o in merged[call.op])), call, spec)
+                else:
+                    ctx = st.kv_readback(context) if node.kind == "attention" else context
+                    shape = _op_shape(node, call, spec, ctx)
+                out.append(_Slot(call, shape, per_token))
+    return out
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A legal candidate: its config, its placed designs, their modeled launch time, their footprint
+    (``_footprint``)."""
+
+    config: dict[str, Any]
+    designs: list[Design]
+    seconds: float
+    footprint: tuple[float, int]
+    _on_device: dict[tuple[int, int], bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def on_device(self, move: tuple[int, int]) -> bool:
+        """Whether every design, moved by ``move``, stays on its device (remembered per move)."""
+        if move not in self._on_device:
+            self._on_device[move] = all(_on_device(d, move) for d in self.designs)
+        return self._on_device[move]
+
+
+def _config_of(b: _Built) -> dict[str, Any]:
+    return dict(b.config)
+
+
+def _merged_shape(ml: MergedLinear, call: KernelCall, spec: ModelSpec) -> Callable[[dict[str, Any]], Any]:
+    return lambda cfg: ml.shape(call.family, spec, 1, cfg)
+
+
+def _op_shape(node: OpNode, call: KernelCall, spec: ModelSpec, ctx: int) -> Callable[[dict[str, Any]], Any]:
+    b = binding(node, call.family)
+    return lambda cfg: b.shape(node, spec, 1, ctx, cfg)
+
+
+class _Designs:
+    """Legal candidates by (family, shape, config), built once per process (``_build``): a deployment's phases and
+    the air-q4 variants of ``calibrate`` fit the same launches again."""
+
+    def __init__(self, device: Device):
+        self.device = device
+
+    def get(self, fam: str, shape: Any, config: dict[str, Any]) -> _Built | None:
+        return _build(fam, shape, tuple(sorted(config.items())), self.device)
+
+
+@functools.lru_cache(maxsize=512)
+def _candidates(fam: str, shape: Any, device: Device) -> tuple:
+    """The family's first ``MAX_CANDIDATES`` candidate configs for a shape (its own ranking)."""
+    return tuple(family(fam).candidate_configs(shape, device)[:MAX_CANDIDATES])
+
+
+@functools.lru_cache(maxsize=2048)
+def _build(fam: str, shape: Any, config: tuple, device: Device) -> _Built | None:
+    mod = family(fam)
+    try:
+        obj = mod.make_design(shape, make_config(mod, shape, dict(config), device), device)
+    except TilepilotError:
+        return None
+    problems = validate_group(obj) if isinstance(obj, MultiLaunchGroup) else validate(obj)
+    if problems:
+        return None
+    placer = SequentialPlacer()
+    designs = [placer.place(d) for d in (obj.designs if isinstance(obj, MultiLaunchGroup) else [obj])]
+    return _Built(dict(config), designs, sum(time_design(d).seconds for d in designs), _footprint(designs))
+
+
+def _occupancy(tiles: set[Tile], entries: list[tuple[Design, tuple[int, int]]]) -> Occupancy:
+    occ = Occupancy()
+    for d, move in entries:
+        occ.add(d, move, tiles)
+    return occ
+
+
+def _excess(tiles: set[Tile], occ: Occupancy, device: Device) -> float:
+    """How far the designs held in ``occ`` overrun the budgets of ``tiles`` (0 = they fit): the sum of
+    used / budget - 1 over the budgets they break."""
+    total = 0.0
+    for tile in tiles:
+        u = occ.use_of(tile)
+        if device.kind(tile) == "off":
+            return float("inf")
+        r = device.resources(tile)
+        pairs = ((u.memory, r.memory_bytes), (u.bds, r.bds), (u.locks, r.locks), (u.s2mm, r.s2mm_channels),
+                 (u.mm2s, r.mm2s_channels))  # fmt: skip
+        total += sum(max(0.0, used / have - 1.0) for used, have in pairs if have)
+    return total
+
+
+def _spread_less(
+    here: list[int],
+    slots: list[_Slot],
+    current: list[_Built],
+    built: _Designs,
+    device: Device,
+    keep: tuple[str, ...],
+    seen: list[set[tuple]],
+) -> tuple[float, float, int, int, list[tuple[int, dict[str, Any]]]] | None:
+    """When no change frees the full tile, the cheapest candidate of a launch on it that uses fewer tiles, so the
+    packing can move the launches around it (the tile count only falls, so the search ends)."""
+    best = None
+    for i in here:
+        s, b = slots[i], current[i]
+        for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
+            if j >= MAX_CANDIDATES:
+                break
+            cd = asdict(cfg)
+            if any(key in s.call.config and cd.get(key) != s.call.config[key] for key in keep):
+                continue
+            if tuple(sorted(cd.items())) in seen[i]:
+                continue
+            got = built.get(s.call.family, s.shape(cd), cd)
+            if got is None or got.footprint[1] >= b.footprint[1]:
+                continue
+            cost = (got.seconds - b.seconds) * s.per_token
+            if best is None or (cost, i, j) < (best[0], best[2], best[3]):
+                best = (cost, 0.0, i, j, [(i, cd)])
+    return best
+
+
+def _shared_layouts(tile: Tile, a: _Built, b: _Built, packing: Packing) -> bool:
+    """Whether two launches claim a buffer of the same layout on ``tile`` (a core's stack aside)."""
+
+    def keys(built: _Built) -> set[tuple]:
+        out: set[tuple] = set()
+        for d in built.designs:
+            claims = claims_of(d)
+            dc, dr = packing.moves[id(d)]
+            for t, items in claims.items():
+                moved = Tile(t.col + dc, t.row + (dr if d.device.kind(t) == "compute" else 0))
+                if moved == tile:
+                    out |= {key for key, _ in items if key != ("stack",)}
+        return out
+
+    return bool(keys(a) & keys(b))
+
+
+def _on_device(design: Design, move: tuple[int, int]) -> bool:
+    return all(design.device.kind(t) != "off" for t in tiles_of(design, move))
+
+
+def _footprint(designs: list[Design]) -> tuple[float, int]:
+    """(the fullest tile's use of its tightest budget, tiles used): what a smaller config must lower."""
+    worst, tiles = 0.0, set()
+    for d in designs:
+        for tile, u in resource_use(d).items():
+            kind = d.device.kind(tile)
+            if kind == "shim":
+                continue
+            r = d.device.resources(tile)
+            tiles.add(tile)
+            worst = max(worst, u.memory / r.memory_bytes, u.bds / r.bds, u.locks / r.locks)
+    return worst, len(tiles)
+
+
+def fit_resident(
+    plan: DeploymentPlan,
+    spec: ModelSpec | None = None,
+    *,
+    context: int = 2048,
+    device: Device | None = None,
+    max_steps: int = MAX_STEPS,
+    keep: tuple[str, ...] = (),
+) -> tuple[DeploymentPlan, list[str]]:
+    """A copy of ``plan`` whose one-dispatch decode is resident, with the configs changed that had to be (one note
+    per change); DesignError with the packing's violations when no such configs are found. ``context``: the KV
+    readback the attention launches are packed at (their footprint does not grow with it). ``keep``: config keys a
+    replacement must keep where the current config sets them (e.g. a plan that stands for a given weight feed)."""
+    spec = spec or plan.model_spec()
+    device = device or npu2()
+    if not plan.decode.one_dispatch:
+        raise DesignError([], f"plan {plan.name}: decode is not one dispatch; make it one (one-dispatch-decode) first")
+    built = _Designs(device)
+    found: list[tuple[float, int, DeploymentPlan, list[str]]] = []
+    failed: list[DesignError] = []
+    for n, start in enumerate(STARTS):
+        new = copy.deepcopy(plan)
+        new.decode.resident = True
+        slots = _slots(new, spec, context)
+        notes = _start(start, slots, built, device, keep)
+        try:
+            notes += _greedy(plan.name, slots, built, device, keep, max_steps)
+        except DesignError as e:
+            failed.append(e)
+            continue
+        seconds = 0.0
+        for s in slots:
+            got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+            assert got is not None
+            seconds += got.seconds * s.per_token
+        found.append((seconds, n, new, [f"search from {start}: {seconds * 1e3:.3f} ms/token of launches (modeled)"]
+                      + notes))  # fmt: skip
+    if not found:
+        raise failed[0]
+    _, _, new, notes = min(found, key=lambda f: (f[0], f[1]))
+    return new, notes
+
+
+# Where the search starts: the plan's own configs; each launch's fastest legal candidate on its own (what a
+# per-launch tuner would pick); one config for all launches of a family (the candidate of its slowest launch that
+# costs the family least per token), so their buffers share one layout as AIR's one projection role does. Greedy
+# repair is path-dependent; the fastest legal result is kept.
+STARTS = ("the plan's configs", "each launch's fastest config", "one config per family")
+
+
+def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep: tuple[str, ...]) -> list[str]:
+    if start == STARTS[0]:
+        return []
+    if start == STARTS[2]:
+        return _one_per_family(slots, built, device, keep)
+    notes = []
+    for s in slots:
+        cur = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+        best = (cur.seconds, s.call.config) if cur is not None else None
+        for cfg in _candidates(s.call.family, s.shape(s.call.config), device)[:MAX_CANDIDATES]:
+            cd = asdict(cfg)
+            if any(key in s.call.config and cd.get(key) != s.call.config[key] for key in keep):
+                continue
+            got = built.get(s.call.family, s.shape(cd), cd)
+            if got is not None and (best is None or got.seconds < best[0]):
+                best = (got.seconds, cd)
+        if best is not None and best[1] != s.call.config:
+            notes.append(f"{s.call.op}: start at {best[1]}")
+            s.call.config = dict(best[1])
+    return notes
+
+
+def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: tuple[str, ...]) -> list[str]:
+    notes = []
+    families: dict[str, list[_Slot]] = {}
+    for s in slots:
+        families.setdefault(s.call.family, []).append(s)
+    for fam, group in families.items():
+        if len(group) < 2:
+            continue
+        now = [built.get(fam, s.shape(s.call.config), s.call.config) for s in group]
+        if any(b is None for b in now):
+            continue
+        lead = max(zip(group, now, strict=True), key=lambda sb: sb[1].seconds * sb[0].per_token)[0]
+        best: tuple[float, dict[str, Any]] | None = None
+        for cfg in _candidates(fam, lead.shape(lead.call.config), device):
+            cd = asdict(cfg)
+            total = 0.0
+            for s in group:
+                if any(key in s.call.config and cd.get(key) != s.call.config[key] for key in keep):
+                    break
+                got = built.get(fam, s.shape(cd), cd)
+                if got is None:
+                    break
+                total += got.seconds * s.per_token
+            else:
+                if best is None or total < best[0]:
+                    best = (total, cd)
+        if best is not None:
+            for s in group:
+                s.call.config = dict(best[1])
+            notes.append(f"every {fam} launch starts at {best[1]} ({best[0] * 1e3:.3f} ms/token modeled)")
+    return notes
+
+
+def _greedy(
+    name: str, slots: list[_Slot], built: _Designs, device: Device, keep: tuple[str, ...], max_steps: int
+) -> list[str]:
+    """Repair the slots' configs until their designs pack (the notes of each change); DesignError if they cannot."""
+    notes: list[str] = []
+    # configs each launch has had: never returned to, so the search cannot cycle
+    seen: list[set[tuple]] = [{tuple(sorted(s.call.config.items()))} for s in slots]
+    for _ in range(max_steps + 1):
+        current = []
+        for s in slots:
+            got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+            if got is None:
+                raise DesignError([], f"{s.call.op}: its {s.call.family} config {s.call.config} is not legal")
+            current.append(got)
+        packing = pack("decode", [d for b in current for d in b.designs])
+        if not packing.problems:
+            return notes
+        tile = packing.problems[0].tile
+        if tile is None:
+            raise DesignError(list(packing.problems), f"plan {name}: resident decode")
+        moves = packing.moves
+        here = [i for i, b in enumerate(current) if any(touches(packing.placed[id(d)], tile) for d in b.designs)]
+        full = Occupancy()
+        for b in current:
+            for d in b.designs:
+                full.add(d, moves[id(d)])
+        now_tile = _excess({tile}, full, device)
+        # every candidate change with its modeled cost per token, cheapest first; the first that lowers the tile's
+        # overrun (and the overrun of every tile it touches) is taken, so only a few are ever packed on trial
+        options: list[tuple[float, int, int, list[tuple[int, _Built, tuple[int, int]]], set[int]]] = []
+        for i in here:
+            s = slots[i]
+            # launches of the family that share a buffer layout with this one on the tile change with it: one alone
+            # cannot free a buffer the others still claim
+            peers = [k for k in here if k != i and slots[k].call.family == s.call.family
+                     and _shared_layouts(tile, current[i], current[k], packing)]  # fmt: skip
+            for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
+                cd = asdict(cfg)
+                change = []
+                for k in [i, *peers]:
+                    sk = slots[k]
+                    if any(key in sk.call.config and cd.get(key) != sk.call.config[key] for key in keep):
+                        continue
+                    if tuple(sorted(cd.items())) in seen[k]:
+                        continue
+                    got = built.get(sk.call.family, sk.shape(cd), cd)
+                    move = moves[id(current[k].designs[0])]
+                    if got is not None and got.on_device(move):
+                        change.append((k, got, move))
+                if change and change[0][0] == i:
+                    cost = sum((got.seconds - current[k].seconds) * slots[k].per_token for k, got, _ in change)
+                    options.append((cost, i, j, change, {i, *peers}))
+        options.sort(key=lambda o: (o[0], o[1], o[2]))
+        best: tuple[float, float, int, int, list[tuple[int, dict[str, Any]]]] | None = None
+        placed_all = [(k, d, moves[id(d)]) for k, b in enumerate(current) for d in b.designs]
+        for cost, i, j, change, _ in options:
+            changed = {k for k, _, _ in change}
+            entries = [(d, m) for k, d, m in placed_all if k not in changed]
+            entries += [(d, move) for _, got, move in change for d in got.designs]
+            if _excess({tile}, _occupancy({tile}, entries), device) >= now_tile:
+                continue
+            region = {tile}
+            for k, got, move in change:
+                region |= set().union(*(tiles_of(d, move) for d in got.designs))
+                region |= set().union(*(tiles_of(d, moves[id(d)]) for d in current[k].designs))
+            left = _excess(region, _occupancy(region, entries), device)
+            if left >= _excess(region, full, device):
+                continue
+            best = (cost, left, i, j, [(k, _config_of(got)) for k, got, _ in change])
+            break
+        if best is None:
+            best = _spread_less(here, slots, current, built, device, keep, seen)
+        if best is None:
+            raise DesignError(list(packing.problems), f"plan {name}: resident decode")
+        cost, _, _, _, changes = best
+        for k, cd in changes:
+            sk = slots[k]
+            seen[k].add(tuple(sorted(cd.items())))
+            was = sk.call.config or "default"
+            notes.append(f"{sk.call.op}: {sk.call.family} config {was} -> {cd}")
+            sk.call.config = cd
+        notes[-1] += f" ({cost * 1e3:+.3f} ms/token modeled for this step)"
+    raise DesignError(list(packing.problems), f"plan {name}: resident decode (gave up after {max_steps} changes)")
