@@ -38,6 +38,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.weights", "DequantizedPrefill"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),
+    ("tilepilot.skills.optimize.decode", "ResidentDecode"),
 )
 _DEBUGGERS = (
     ("tilepilot.skills.debug.numerics", "FixNanInf"),

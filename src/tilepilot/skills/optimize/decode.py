@@ -5,7 +5,7 @@ host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch p
 "AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
 fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
 skips the masked ones); AIR then built a template per window so the readback matches the context
-(53.0 -> 58.6 tok/s). Three skills, tried in this order by the decode phase:
+(53.0 -> 58.6 tok/s). Four skills, tried in this order by the decode phase:
 
 - ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
   (``StagePlan.one_dispatch``),
@@ -21,6 +21,12 @@ skips the masked ones); AIR then built a template per window so the readback mat
   multi-matrix GEMV launch each, bf16 or quantized (``plan.merge.merged_stage``): one design switch and one x stream
   instead of several, bit-identical outputs.
 
+- ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
+  module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
+  between launches; the configs that do not fit together are replaced by the cheapest ones that do
+  (``plan.resident.fit_resident``), so it runs last, after tile tuning. A decode still dispatched per group (the
+  switches made one dispatch slower) is fused first, with the windowed readback.
+
 All are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
 prefill is not slower and the model gate passes; every attempt is a row of ``perf_opt_traj.md`` with its before/after
 figures.
@@ -32,8 +38,10 @@ from collections.abc import Iterator
 from dataclasses import asdict
 
 from tilepilot.kernels.tuning import tune
+from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
 from tilepilot.plan.merge import merged_stage
+from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -125,3 +133,44 @@ class MultiMatrixLaunches(PlanOptimization):
         if new is not None:
             runs = [m for g in new.stage(stage).groups() for m in g.merged]
             yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")
+
+
+class ResidentDecode(PlanOptimization):
+    name = "resident-decode"
+    description = (
+        "Configures a whole decode step into the array once as one dispatch, every launch's tiles packed together, as "
+        "AIR's fused decode is one module: no design switch between launches, a KV readback template per window. "
+        "Configs that do not fit the array together are replaced by the cheapest ones that do. Use when the decode "
+        "stage still pays a host round trip per group or a design switch per launch."
+    )
+    purpose = (
+        "Removes the design switch of every launch after the first (inside a one-dispatch decode, most of what is not "
+        "weight streaming); what it costs is the smaller tiles the packing needs."
+    )
+    commands = ("tilepilot skills run resident-decode WORKSPACE --json",)
+    gate_text = _GATE
+    inputs = (_WS,)
+    failure_modes = (
+        "No configs let the pass's designs fit the array together (L1_OVERFLOW, LOCK_LIMIT or BD_LIMIT on a packed "
+        "tile): the proposal is not made and the pass keeps its design switches.",
+        "A later config change (tile tuning) that breaks the packing makes the plan fail to time with the code: "
+        "run this skill after tile tuning.",
+    )
+    stages = ("decode",)
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        st = ctx.plan.stage(stage)
+        if st.resident:
+            return
+        base = ctx.plan
+        if not st.one_dispatch:  # a pass the switches made slower than per-group dispatches may pay off resident
+            base = fused_stage(ctx.plan, stage)
+            base.stage(stage).kv_windows = window_ladder(max(base.stage(stage).kv_windows))
+        try:
+            new, changes = fit_resident(base, base.model_spec())
+        except DesignError as e:
+            ctx.workspace.journal.progress(f"resident-decode: the decode pass cannot be packed into the array ({e})")
+            return
+        said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
+        fused = "" if st.one_dispatch else " (from per-group dispatches, windowed KV readback)"
+        yield Proposal(new, f"{stage}: one resident dispatch, every launch packed into the array{fused}{said}")

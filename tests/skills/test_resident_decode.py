@@ -1,0 +1,117 @@
+"""A resident one-dispatch decode (``StagePlan.resident``): the plan form, the fit that makes the pass's designs
+pack into the array (``plan.resident.fit_resident``), the same logits as the switched pass at less modeled time,
+and the ``resident-decode`` skill kept by the decode phase's rules."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.npu.calibration import CALIBRATION
+from tilepilot.npu.validate import DesignError
+from tilepilot.plan import air_q4
+from tilepilot.plan.air_q4 import fused_stage
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.plan import DeploymentPlan, validate_plan
+from tilepilot.plan.resident import fit_resident
+from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.timing import time_plan
+from tilepilot.skills.optimize.decode import ResidentDecode
+from tilepilot.skills.optimize.placement import _to_npu
+
+
+def _fused(spec):
+    plan, _ = _to_npu(paper_like_plan(spec), "decode", ("kv_write", "attention", "rmsnorm"))
+    return fused_stage(plan)
+
+
+def test_resident_is_a_form_of_one_dispatch_and_round_trips_through_json(tiny_model):
+    spec = load_checkpoint(tiny_model("llama", 1)).spec
+    fused = _fused(spec)
+    loose = copy.deepcopy(paper_like_plan(spec))
+    loose.decode.resident = True
+    assert any("resident but not one dispatch" in p for p in validate_plan(loose))
+    fitted, _ = fit_resident(fused, spec)
+    assert validate_plan(fitted) == [] and fitted.decode.resident and not fused.decode.resident
+    assert DeploymentPlan.from_json(fitted.to_json()).decode.resident
+    with pytest.raises(DesignError, match="not one dispatch"):
+        fit_resident(paper_like_plan(spec), spec)
+
+
+def test_the_fitted_pass_packs_and_computes_the_switched_pass_logits_in_less_modeled_time(tiny_model):
+    ck = load_checkpoint(tiny_model("llama", 2))
+    fitted, _ = fit_resident(_fused(ck.spec), ck.spec)
+    switched = copy.deepcopy(fitted)
+    switched.decode.resident = False  # the same configs, a design switch per launch
+    lib = KernelLibrary()
+    t_res, t_sw = (time_plan(p, ck.spec, prompt_len=64, library=lib) for p in (fitted, switched))
+    assert t_res.dispatches["decode"] == t_sw.dispatches["decode"] == 1
+    assert t_res.ttft_s == t_sw.ttft_s
+    # the pass's launches after the first no longer pay a design switch each
+    launches = lib.timed_dispatches("decode_one_dispatch")[-1].launches
+    saved = t_sw.decode_s_per_token - t_res.decode_s_per_token
+    assert saved >= (launches - 1) * CALIBRATION.launch_in_group_s
+    outs = []
+    for plan in (switched, fitted):
+        runner = NpuRunner(plan, ck)
+        runner.prefill([3, 8, 13])
+        outs.append(runner.decode(5).logits)
+    assert torch.equal(outs[0], outs[1])  # resident changes the modeled time only
+
+
+def test_a_pass_that_cannot_be_packed_is_refused_by_its_code(zoo_model, monkeypatch):
+    """At Llama-3.2-1B's width the air-q4 plan's quantized GEMVs on AIR's 4 rows x 8 columns, each config sized to
+    fill its tiles, are legal one by one; packed together they are not, and timing that plan as resident without
+    the fit is an error naming the budget, never a number."""
+    spec = load_checkpoint(zoo_model("llama-3.2-1b", layers=1)).spec
+    monkeypatch.setattr(air_q4, "fit_resident", lambda plan, spec, **kw: (plan, []))
+    raw = air_q4.air_q4_plan(paper_like_plan(spec), weight_channels=1, windowed=False)
+    assert not raw.decode.resident
+    time_plan(raw, spec, prompt_len=64)  # switched: legal
+    raw.decode.resident = True
+    with pytest.raises(DesignError) as e:
+        time_plan(raw, spec, prompt_len=64)
+    assert set(e.value.codes) & {"L1_OVERFLOW", "LOCK_LIMIT", "BD_LIMIT", "DMA_CHANNELS", "L2_OVERFLOW"}
+    assert "resident pass decode_one_dispatch" in str(e.value)
+
+
+def test_pack_of_the_fitted_pass_is_what_the_dispatcher_times(tiny_model):
+    spec = load_checkpoint(tiny_model("qwen2", 1)).spec
+    fitted, _ = fit_resident(_fused(spec), spec)
+    lib = KernelLibrary()
+    time_plan(fitted, spec, prompt_len=64, library=lib)
+    gt = lib.timed_dispatches("decode_one_dispatch")[-1]
+    # no design switch: what the pass pays beyond its launches is one configuration of the tiles it packs
+    assert gt.launch_overhead_s < CALIBRATION.launch_in_group_s
+    assert gt.seconds == pytest.approx(
+        gt.dispatch_overhead_s + gt.launch_overhead_s + sum(d.seconds for d in gt.designs)
+    )
+
+
+def test_resident_decode_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
+    ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(_fused(ctx.plan.model_spec()))
+    ctx.opt_stage = "decode"
+    before = ctx.timing(ctx.plan).decode_s_per_token
+    result = ResidentDecode().run(ctx)
+    assert result.status == "applied", result.summary
+    (row,) = result.evidence["applied"]
+    assert row["gate"] == "passed" and row["decode_after"] < row["decode_before"] == pytest.approx(before)
+    assert ctx.plan.decode.resident
+    assert "resident-decode" in (ctx.root / "perf_opt_traj.md").read_text()
+    assert ResidentDecode().run(ctx).status == "skipped"  # already resident: nothing to propose
+
+
+def test_a_decode_dispatched_per_group_is_proposed_as_one_resident_dispatch(fresh_ctx):
+    ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.opt_stage = "decode"
+    assert not ctx.plan.decode.one_dispatch
+    result = ResidentDecode().run(ctx)
+    rows = result.evidence["applied"] + result.evidence["rejected"]
+    assert len(rows) == 1 and "from per-group dispatches" in rows[0]["change"]
+    if result.status == "applied":
+        assert ctx.plan.decode.one_dispatch and ctx.plan.decode.resident and len(ctx.plan.decode.kv_windows) > 1
