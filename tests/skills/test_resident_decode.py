@@ -115,3 +115,15 @@ def test_a_decode_dispatched_per_group_is_proposed_as_one_resident_dispatch(fres
     assert len(rows) == 1 and "from per-group dispatches" in rows[0]["change"]
     if result.status == "applied":
         assert ctx.plan.decode.one_dispatch and ctx.plan.decode.resident and len(ctx.plan.decode.kv_windows) > 1
+
+
+def test_a_replacement_the_caller_refuses_is_never_made(tiny_model):
+    """``allowed`` is how the skill keeps group bindings legal (``harness.probes.group_checks``, which the plan
+    layer cannot run): a fit that may change nothing returns the plan's own configs, resident."""
+    spec = load_checkpoint(tiny_model("llama", 1)).spec
+    fused = _fused(spec)
+    fitted, changes = fit_resident(fused, spec, allowed=lambda op, config: False)
+    assert fitted.decode.resident
+    before = [c.config for g in fused.decode.groups() for c in g.calls]
+    assert [c.config for g in fitted.decode.groups() for c in g.calls] == before
+    assert not [n for n in changes if not n.startswith("search from")]

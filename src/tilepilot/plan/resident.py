@@ -38,6 +38,20 @@ MAX_CANDIDATES = 48
 MAX_STEPS = 96
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """What a replacement config must respect: keys it keeps from the current config, and the caller's check."""
+
+    keep: tuple[str, ...] = ()
+    allowed: Callable[[str, dict[str, Any]], bool] | None = None
+
+    def refuses(self, slot: _Slot, config: dict[str, Any]) -> bool:
+        cur = slot.call.config
+        if any(k in cur and config.get(k) != cur[k] for k in self.keep):
+            return True
+        return self.allowed is not None and not self.allowed(slot.call.op, config)
+
+
 @dataclass
 class _Slot:
     """One launch of the pass: the plan call whose config decides it, its shape for a config, its launches per
@@ -160,7 +174,7 @@ def _spread_less(
     current: list[_Built],
     built: _Designs,
     device: Device,
-    keep: tuple[str, ...],
+    keep: _Rules,
     seen: list[set[tuple]],
 ) -> tuple[float, float, int, int, list[tuple[int, dict[str, Any]]]] | None:
     """When no change frees the full tile, the cheapest candidate of a launch on it that uses fewer tiles, so the
@@ -172,7 +186,7 @@ def _spread_less(
             if j >= MAX_CANDIDATES:
                 break
             cd = asdict(cfg)
-            if any(key in s.call.config and cd.get(key) != s.call.config[key] for key in keep):
+            if keep.refuses(s, cd):
                 continue
             if tuple(sorted(cd.items())) in seen[i]:
                 continue
@@ -228,25 +242,29 @@ def fit_resident(
     device: Device | None = None,
     max_steps: int = MAX_STEPS,
     keep: tuple[str, ...] = (),
+    allowed: Callable[[str, dict[str, Any]], bool] | None = None,
 ) -> tuple[DeploymentPlan, list[str]]:
     """A copy of ``plan`` whose one-dispatch decode is resident, with the configs changed that had to be (one note
     per change); DesignError with the packing's violations when no such configs are found. ``context``: the KV
     readback the attention launches are packed at (their footprint does not grow with it). ``keep``: config keys a
-    replacement must keep where the current config sets them (e.g. a plan that stands for a given weight feed)."""
+    replacement must keep where the current config sets them (e.g. a plan that stands for a given weight feed).
+    ``allowed(op, config)``: False refuses a replacement (a caller's check the plan layer cannot make, e.g. the
+    group bindings of ``harness.probes.group_checks``)."""
     spec = spec or plan.model_spec()
     device = device or npu2()
     if not plan.decode.one_dispatch:
         raise DesignError([], f"plan {plan.name}: decode is not one dispatch; make it one (one-dispatch-decode) first")
     built = _Designs(device)
+    rules = _Rules(keep, allowed)
     found: list[tuple[float, int, DeploymentPlan, list[str]]] = []
     failed: list[DesignError] = []
     for n, start in enumerate(STARTS):
         new = copy.deepcopy(plan)
         new.decode.resident = True
         slots = _slots(new, spec, context)
-        notes = _start(start, slots, built, device, keep)
+        notes = _start(start, slots, built, device, rules)
         try:
-            notes += _greedy(plan.name, slots, built, device, keep, max_steps)
+            notes += _greedy(plan.name, slots, built, device, rules, max_steps)
         except DesignError as e:
             failed.append(e)
             continue
@@ -270,7 +288,7 @@ def fit_resident(
 STARTS = ("the plan's configs", "each launch's fastest config", "one config per family")
 
 
-def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep: tuple[str, ...]) -> list[str]:
+def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) -> list[str]:
     if start == STARTS[0]:
         return []
     if start == STARTS[2]:
@@ -281,7 +299,7 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
         best = (cur.seconds, s.call.config) if cur is not None else None
         for cfg in _candidates(s.call.family, s.shape(s.call.config), device)[:MAX_CANDIDATES]:
             cd = asdict(cfg)
-            if any(key in s.call.config and cd.get(key) != s.call.config[key] for key in keep):
+            if keep.refuses(s, cd):
                 continue
             got = built.get(s.call.family, s.shape(cd), cd)
             if got is not None and (best is None or got.seconds < best[0]):
@@ -292,7 +310,7 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
     return notes
 
 
-def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: tuple[str, ...]) -> list[str]:
+def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) -> list[str]:
     notes = []
     families: dict[str, list[_Slot]] = {}
     for s in slots:
@@ -309,7 +327,7 @@ def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: t
             cd = asdict(cfg)
             total = 0.0
             for s in group:
-                if any(key in s.call.config and cd.get(key) != s.call.config[key] for key in keep):
+                if keep.refuses(s, cd):
                     break
                 got = built.get(fam, s.shape(cd), cd)
                 if got is None:
@@ -325,9 +343,7 @@ def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: t
     return notes
 
 
-def _greedy(
-    name: str, slots: list[_Slot], built: _Designs, device: Device, keep: tuple[str, ...], max_steps: int
-) -> list[str]:
+def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep: _Rules, max_steps: int) -> list[str]:
     """Repair the slots' configs until their designs pack (the notes of each change); DesignError if they cannot."""
     notes: list[str] = []
     # configs each launch has had: never returned to, so the search cannot cycle
@@ -366,7 +382,7 @@ def _greedy(
                 change = []
                 for k in [i, *peers]:
                     sk = slots[k]
-                    if any(key in sk.call.config and cd.get(key) != sk.call.config[key] for key in keep):
+                    if keep.refuses(sk, cd):
                         continue
                     if tuple(sorted(cd.items())) in seen[k]:
                         continue

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import asdict
 
+from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
@@ -167,10 +168,51 @@ class ResidentDecode(PlanOptimization):
             base = fused_stage(ctx.plan, stage)
             base.stage(stage).kv_windows = window_ladder(max(base.stage(stage).kv_windows))
         try:
-            new, changes = fit_resident(base, base.model_spec())
+            new, changes = _fit_with_bindings(base, stage, ctx.settings.gate_prompt_len)
         except DesignError as e:
             ctx.workspace.journal.progress(f"resident-decode: the decode pass cannot be packed into the array ({e})")
             return
         said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
         fused = "" if st.one_dispatch else " (from per-group dispatches, windowed KV readback)"
         yield Proposal(new, f"{stage}: one resident dispatch, every launch packed into the array{fused}{said}")
+
+
+# Refits when a fitted config breaks a group's launch bindings (``harness.probes.group_checks``, which the plan layer's
+# fit cannot run): each round forbids the changed configs of the ops a failing check names (``op.tensor`` in its
+# message; every changed op of the group when it names none), then keeps those ops' configs as they were.
+BINDING_ROUNDS = 4
+
+
+def _fit_with_bindings(base, stage: str, prompt_len: int):
+    """``fit_resident`` of ``base`` whose changed configs also keep every multi-call group's bindings legal (a padded
+    elementwise launch cannot bind to its neighbours' unpadded tensors, say). When the rounds run out or a refit
+    finds no packing, the last fit is returned and the proposal's own checks reject it with the reason."""
+    spec = base.model_spec()
+    old = {(g.name, c.op): c.config for g in base.stage(stage).groups() for c in g.calls}
+    forbidden: set[tuple[str, tuple]] = set()
+    kept: set[str] = set()
+
+    def allowed(op: str, config: dict) -> bool:
+        return op not in kept and (op, tuple(sorted(config.items()))) not in forbidden
+
+    new, changes = fit_resident(base, spec, allowed=allowed)
+    for n in range(BINDING_ROUNDS):
+        bad = {g.group: g.message for g in group_checks(new, spec, prompt_len) if g.stage == stage and not g.ok}
+        blamed = []
+        for g in new.stage(stage).groups():
+            if g.name not in bad:
+                continue
+            changed = [c for c in g.calls if c.config != old.get((g.name, c.op))]
+            named = [c for c in changed if f"{c.op}." in bad[g.name]]
+            blamed += named or changed
+        if not blamed:
+            break
+        if n == 0:
+            forbidden |= {(c.op, tuple(sorted(c.config.items()))) for c in blamed}
+        else:
+            kept |= {c.op for c in blamed}
+        try:
+            new, changes = fit_resident(base, spec, allowed=allowed)
+        except DesignError:
+            break
+    return new, changes
