@@ -119,11 +119,15 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
 
 
 def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill: bool) -> DeploymentPlan:
-    """The plan structure the decode phase's skills reach, at weight format ``fmt``: the switched structure made
-    resident (``resident-decode``: every launch packed into the array, configured once, no design switch; the
-    configs that do not fit together replaced by ``plan.resident.fit_resident``), or the switched one when no
-    packing is found."""
-    plan = switched_plan(spec, label, fmt, packed_prefill)
+    """The plan structure the decode phase's skills reach, at weight format ``fmt`` (``resident_of`` the switched
+    structure)."""
+    return resident_of(switched_plan(spec, label, fmt, packed_prefill), spec, label)
+
+
+def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> DeploymentPlan:
+    """The switched structure made resident (``resident-decode``: every launch packed into the array, configured
+    once, no design switch; the configs that do not fit together replaced by ``plan.resident.fit_resident``), or
+    the switched one when no packing is found."""
     try:
         resident, _ = fit_resident(plan, spec)
     except DesignError as e:
@@ -158,10 +162,11 @@ def time_model(name: str, spec: ModelSpec, prompt_len: int) -> dict[str, Any]:
         choices = (True, False) if fmt.quantized else (False,)
         timed = []
         for packed in choices:
-            plan = tilepilot_plan(spec, label, fmt, packed)
-            timed.append((time_plan(plan, spec, prompt_len=prompt_len, library=lib), packed, plan))
-        t, packed, plan = min(timed, key=lambda x: (x[0].ttft_s, x[1]))
-        switched = time_plan(switched_plan(spec, label, fmt, packed), spec, prompt_len=prompt_len, library=lib)
+            sw = switched_plan(spec, label, fmt, packed)
+            plan = resident_of(sw, spec, label)
+            timed.append((time_plan(plan, spec, prompt_len=prompt_len, library=lib), packed, plan, sw))
+        t, packed, plan, sw = min(timed, key=lambda x: (x[0].ttft_s, x[1]))
+        switched = time_plan(sw, spec, prompt_len=prompt_len, library=lib)
         time_plan(plan, spec, prompt_len=prompt_len, library=lib)  # its one decode dispatch is the newest one
         one = lib.timed_dispatches(one_dispatch_name("decode"))[-1]
         wbytes = decode_weight_bytes(spec, fmt)

@@ -55,6 +55,11 @@ Claims = dict[Tile, list[tuple[tuple, TileUse]]]
 Summary = dict[Tile, tuple[dict[tuple, tuple[int, TileUse]], tuple[int, int]]]
 
 
+def _wider(a: TileUse, b: TileUse) -> TileUse:
+    """The larger of two claims of one layout (memory, then BDs, then locks): the buffer set both can use."""
+    return a if (a.memory, a.bds, a.locks) > (b.memory, b.bds, b.locks) else b
+
+
 class Occupancy:
     """What designs held together claim, per tile: layout -> (the most claims of it in one launch, the largest
     claim), and the (S2MM, MM2S) channels of the busiest launch. Built in place; ``only`` copies the tiles a trial
@@ -74,12 +79,17 @@ class Occupancy:
                 if was is None:
                     have[key] = (n, part)
                     continue
-                widest = (
-                    part if (part.memory, part.bds, part.locks) > (was[1].memory, was[1].bds, was[1].locks) else was[1]
-                )
-                have[key] = (max(was[0], n), widest)
+                have[key] = (max(was[0], n), _wider(part, was[1]))
             c = self.channels.get(tile, (0, 0))
             self.channels[tile] = (max(c[0], s2mm), max(c[1], mm2s))
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[Design, tuple[int, int]]], tiles: set[Tile] | None = None) -> Occupancy:
+        """What the placed designs, each moved by its move, claim together (only on ``tiles``, if given)."""
+        occ = cls()
+        for design, move in entries:
+            occ.add(design, move, tiles)
+        return occ
 
     def add(self, design: Design, move: tuple[int, int] = (0, 0), tiles: set[Tile] | None = None) -> None:
         """Add a placed design moved by ``move`` (only its claims on ``tiles``, if given)."""
@@ -119,8 +129,7 @@ def summarize(claims: Claims) -> Summary:
             if was is None:
                 layouts[key] = (1, part)
             else:
-                wider = (part.memory, part.bds, part.locks) > (was[1].memory, was[1].bds, was[1].locks)
-                layouts[key] = (was[0] + 1, part if wider else was[1])
+                layouts[key] = (was[0] + 1, _wider(part, was[1]))
         out[tile] = (layouts, (s2mm, mm2s))
     return out
 
@@ -199,15 +208,6 @@ def pack(name: str, designs: Sequence[Design]) -> Packing:
     return Packing(placed, use, problems, moves)
 
 
-def demand_on(tiles: Iterable[Tile], designs: Sequence[tuple[Design, tuple[int, int]]]) -> dict[Tile, TileUse]:
-    """What ``designs`` (each placed by its placer, then moved) ask of each of ``tiles`` together."""
-    tiles = set(tiles)
-    occ = Occupancy()
-    for d, move in designs:
-        occ.add(d, move, tiles)
-    return {t: occ.use_of(t) for t in tiles}
-
-
 def tiles_of(design: Design, move: tuple[int, int] = (0, 0)) -> set[Tile]:
     """The tiles a placed design claims once moved."""
     return set(summary_of(design, move))
@@ -216,13 +216,9 @@ def tiles_of(design: Design, move: tuple[int, int] = (0, 0)) -> set[Tile]:
 _SUMMARIES: OrderedDict[int, tuple[Design, Claims, Summary, dict]] = OrderedDict()
 
 
-def _cached(design: Design) -> tuple[Claims, Summary]:
-    """``resource_claims`` of a placed design and its summary, remembered (by identity, the design held) for the last
-    few thousand designs: a packing search asks about the same designs at every step."""
-    return _entry(design)[1:3]
-
-
 def _entry(design: Design) -> tuple[Design, Claims, Summary, dict]:
+    """``resource_claims`` of a placed design, its summary and its moved summaries, remembered (by identity, the
+    design held) for the last few thousand designs: a packing search asks about the same designs at every step."""
     hit = _SUMMARIES.get(id(design))
     if hit is not None and hit[0] is design:
         _SUMMARIES.move_to_end(id(design))
@@ -233,10 +229,6 @@ def _entry(design: Design) -> tuple[Design, Claims, Summary, dict]:
     while len(_SUMMARIES) > 4096:
         _SUMMARIES.popitem(last=False)
     return entry
-
-
-def claims_of(design: Design) -> Claims:
-    return _cached(design)[0]
 
 
 def summary_of(design: Design, move: tuple[int, int] = (0, 0)) -> Summary:
@@ -254,11 +246,6 @@ def touches(design: Design, tile: Tile) -> bool:
         or any(lk.placement == tile for lk in design.links)
         or any(f.shim_placement == tile for f in design.fifos)
     )
-
-
-def resident_problems(name: str, designs: Sequence[Design]) -> list[Violation]:
-    """Every budget the designs break when packed into one resident pass (empty = legal)."""
-    return list(pack(name, designs).problems)
 
 
 def time_resident(name: str, designs: Sequence[Design], cal: Calibration = CALIBRATION) -> GroupTiming:

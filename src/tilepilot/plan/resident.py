@@ -2,12 +2,13 @@
 
 A resident pass holds every distinct design of a decode step at once. The configs a per-launch tuner picks each
 fill a tile on their own (a quantized GEMV's weight chunks and decoded block, an attention launch's K/V tiles), so
-together they overflow L1, locks and BDs. ``fit_resident`` changes them the way AIR's fused decode is built: a
-greedy search that, while the packing (``npu.resident.pack``) breaks a budget on some tile, replaces the config of
-one launch on that tile by a candidate of its family (``candidate_configs``) with a smaller footprint, choosing
-the one that costs the least modeled time per token (its launches per token x the time it adds). Deterministic:
-candidates in family order, ties broken by position. Every candidate design is validated on its own before it is
-considered, and the result is packed again by whoever times it.
+together they overflow L1, locks and BDs. ``fit_resident`` repairs them with a greedy search: while the packing
+(``npu.resident.pack``) breaks a budget on some tile, it takes the cheapest change (modeled time per token: launches
+per token x the time it adds) among the candidate configs (``candidate_configs``) of the launches on that tile that
+lowers the tile's overrun and that of every tile the change touches; launches of one family sharing a buffer
+layout there change together; no config is revisited; when no change helps, a launch is spread over fewer tiles.
+Deterministic: candidates in family order, ties broken by position. Every candidate design is validated on its own
+before it is considered, and the result is packed again by whoever times it.
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.design import Design, MultiLaunchGroup
 from tilepilot.npu.device import Device, Tile, npu2
 from tilepilot.npu.placer import SequentialPlacer
-from tilepilot.npu.resident import Occupancy, Packing, claims_of, pack, tiles_of, touches
-from tilepilot.npu.resources import resource_use
+from tilepilot.npu.resident import Occupancy, Packing, pack, summary_of, tiles_of, touches
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate, validate_group
 from tilepilot.plan.plan import DeploymentPlan, KernelCall
 
 # Candidates of one family tried per launch (the family's own ranking; the tuner's bound, kernels/tuning.py).
 MAX_CANDIDATES = 48
-# Config replacements before the search gives up (each one strictly shrinks a launch's footprint).
+# Config replacements before the search gives up (each one lowers an overrun or the tiles a launch uses).
 MAX_STEPS = 96
 
 
@@ -85,13 +85,13 @@ def _slots(plan: DeploymentPlan, spec: ModelSpec, context: int) -> list[_Slot]:
 
 @dataclass(frozen=True)
 class _Built:
-    """A legal candidate: its config, its placed designs, their modeled launch time, their footprint
-    (``_footprint``)."""
+    """A legal candidate: its config, its placed designs, their modeled launch time, the compute and memory tiles
+    they use."""
 
     config: dict[str, Any]
     designs: list[Design]
     seconds: float
-    footprint: tuple[float, int]
+    tiles: int
     _on_device: dict[tuple[int, int], bool] = field(default_factory=dict, compare=False, repr=False)
 
     def on_device(self, move: tuple[int, int]) -> bool:
@@ -99,10 +99,6 @@ class _Built:
         if move not in self._on_device:
             self._on_device[move] = all(_on_device(d, move) for d in self.designs)
         return self._on_device[move]
-
-
-def _config_of(b: _Built) -> dict[str, Any]:
-    return dict(b.config)
 
 
 def _merged_shape(ml: MergedLinear, call: KernelCall, spec: ModelSpec) -> Callable[[dict[str, Any]], Any]:
@@ -143,14 +139,7 @@ def _build(fam: str, shape: Any, config: tuple, device: Device) -> _Built | None
         return None
     placer = SequentialPlacer()
     designs = [placer.place(d) for d in (obj.designs if isinstance(obj, MultiLaunchGroup) else [obj])]
-    return _Built(dict(config), designs, sum(time_design(d).seconds for d in designs), _footprint(designs))
-
-
-def _occupancy(tiles: set[Tile], entries: list[tuple[Design, tuple[int, int]]]) -> Occupancy:
-    occ = Occupancy()
-    for d, move in entries:
-        occ.add(d, move, tiles)
-    return occ
+    return _Built(dict(config), designs, sum(time_design(d).seconds for d in designs), _tiles_used(designs))
 
 
 def _excess(tiles: set[Tile], occ: Occupancy, device: Device) -> float:
@@ -183,15 +172,13 @@ def _spread_less(
     for i in here:
         s, b = slots[i], current[i]
         for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
-            if j >= MAX_CANDIDATES:
-                break
             cd = asdict(cfg)
             if keep.refuses(s, cd):
                 continue
             if tuple(sorted(cd.items())) in seen[i]:
                 continue
             got = built.get(s.call.family, s.shape(cd), cd)
-            if got is None or got.footprint[1] >= b.footprint[1]:
+            if got is None or got.tiles >= b.tiles:
                 continue
             cost = (got.seconds - b.seconds) * s.per_token
             if best is None or (cost, i, j) < (best[0], best[2], best[3]):
@@ -205,12 +192,8 @@ def _shared_layouts(tile: Tile, a: _Built, b: _Built, packing: Packing) -> bool:
     def keys(built: _Built) -> set[tuple]:
         out: set[tuple] = set()
         for d in built.designs:
-            claims = claims_of(d)
-            dc, dr = packing.moves[id(d)]
-            for t, items in claims.items():
-                moved = Tile(t.col + dc, t.row + (dr if d.device.kind(t) == "compute" else 0))
-                if moved == tile:
-                    out |= {key for key, _ in items if key != ("stack",)}
+            layouts, _ = summary_of(d, packing.moves[id(d)]).get(tile, ({}, None))
+            out |= {key for key in layouts if key != ("stack",)}
         return out
 
     return bool(keys(a) & keys(b))
@@ -220,18 +203,9 @@ def _on_device(design: Design, move: tuple[int, int]) -> bool:
     return all(design.device.kind(t) != "off" for t in tiles_of(design, move))
 
 
-def _footprint(designs: list[Design]) -> tuple[float, int]:
-    """(the fullest tile's use of its tightest budget, tiles used): what a smaller config must lower."""
-    worst, tiles = 0.0, set()
-    for d in designs:
-        for tile, u in resource_use(d).items():
-            kind = d.device.kind(tile)
-            if kind == "shim":
-                continue
-            r = d.device.resources(tile)
-            tiles.add(tile)
-            worst = max(worst, u.memory / r.memory_bytes, u.bds / r.bds, u.locks / r.locks)
-    return worst, len(tiles)
+def _tiles_used(designs: list[Design]) -> int:
+    """Compute and memory tiles the designs use (what a launch spread less must lower)."""
+    return len({t for d in designs for t in tiles_of(d) if d.device.kind(t) != "shim"})
 
 
 def fit_resident(
@@ -297,7 +271,7 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
     for s in slots:
         cur = built.get(s.call.family, s.shape(s.call.config), s.call.config)
         best = (cur.seconds, s.call.config) if cur is not None else None
-        for cfg in _candidates(s.call.family, s.shape(s.call.config), device)[:MAX_CANDIDATES]:
+        for cfg in _candidates(s.call.family, s.shape(s.call.config), device):
             cd = asdict(cfg)
             if keep.refuses(s, cd):
                 continue
@@ -370,7 +344,7 @@ def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep
         now_tile = _excess({tile}, full, device)
         # every candidate change with its modeled cost per token, cheapest first; the first that lowers the tile's
         # overrun (and the overrun of every tile it touches) is taken, so only a few are ever packed on trial
-        options: list[tuple[float, int, int, list[tuple[int, _Built, tuple[int, int]]], set[int]]] = []
+        options: list[tuple[float, int, int, list[tuple[int, _Built, tuple[int, int]]]]] = []
         for i in here:
             s = slots[i]
             # launches of the family that share a buffer layout with this one on the tile change with it: one alone
@@ -392,24 +366,24 @@ def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep
                         change.append((k, got, move))
                 if change and change[0][0] == i:
                     cost = sum((got.seconds - current[k].seconds) * slots[k].per_token for k, got, _ in change)
-                    options.append((cost, i, j, change, {i, *peers}))
+                    options.append((cost, i, j, change))
         options.sort(key=lambda o: (o[0], o[1], o[2]))
         best: tuple[float, float, int, int, list[tuple[int, dict[str, Any]]]] | None = None
         placed_all = [(k, d, moves[id(d)]) for k, b in enumerate(current) for d in b.designs]
-        for cost, i, j, change, _ in options:
+        for cost, i, j, change in options:
             changed = {k for k, _, _ in change}
             entries = [(d, m) for k, d, m in placed_all if k not in changed]
             entries += [(d, move) for _, got, move in change for d in got.designs]
-            if _excess({tile}, _occupancy({tile}, entries), device) >= now_tile:
+            if _excess({tile}, Occupancy.of(entries, {tile}), device) >= now_tile:
                 continue
             region = {tile}
             for k, got, move in change:
                 region |= set().union(*(tiles_of(d, move) for d in got.designs))
                 region |= set().union(*(tiles_of(d, moves[id(d)]) for d in current[k].designs))
-            left = _excess(region, _occupancy(region, entries), device)
+            left = _excess(region, Occupancy.of(entries, region), device)
             if left >= _excess(region, full, device):
                 continue
-            best = (cost, left, i, j, [(k, _config_of(got)) for k, got, _ in change])
+            best = (cost, left, i, j, [(k, dict(got.config)) for k, got, _ in change])
             break
         if best is None:
             best = _spread_less(here, slots, current, built, device, keep, seen)
