@@ -36,9 +36,13 @@ def test_paper_like_plan_reproduces_the_papers_deployment(model):
     facts = paper_deployment(spec)
     plan = paper_like_plan(spec)
     assert (plan.dispatches_per_layer("prefill"), plan.dispatches_per_layer("decode")) == facts.dispatches
-    # on the CPU: decode attention and the final RMSNorm always, the M=1 glue when decode has no fused cascade
-    assert cpu_ops(plan, "prefill") == {"final_norm"}
-    assert cpu_ops(plan, "decode") == {"attention", "final_norm"} | (set() if facts.decode_cascade else GLUE)
+    # on the CPU: decode attention, the KV-cache writes (profile.md: kv_cache_extract) and the final RMSNorm always,
+    # the M=1 glue when decode has no fused cascade
+    assert cpu_ops(plan, "prefill") == {"kv_write", "final_norm"}
+    glue = set() if facts.decode_cascade else GLUE
+    assert cpu_ops(plan, "decode") == {"attention", "kv_write", "final_norm"} | glue
+    # separate XRT kernels: activations reach each dispatch through the host (BO Write / BO Read), weights preloaded
+    assert plan.host.handoff == "host" and plan.host.weights == "preloaded" and plan.host.skip_unchanged_writes
     # head_dim 128: head-first FlashAttention behind host seq<->head transposes; 64: seq-first
     assert plan.host.layout == ("host_transpose" if spec.head_dim == 128 else "seq_first")
     # QKV bias / per-head QK-norm fused into the attention-input dispatch, in both stages
@@ -64,7 +68,7 @@ def test_a_model_the_paper_did_not_deploy_gets_the_reference_deployment(tiny_spe
     assert paper_deployment(tiny_spec) is None and shape_key(tiny_spec) not in {d.shape for d in PAPER_DEPLOYMENTS}
     plan = paper_like_plan(tiny_spec)
     assert (plan.dispatches_per_layer("prefill"), plan.dispatches_per_layer("decode")) == REFERENCE.dispatches
-    assert [g.name for g in plan.prefill.block] == ["rms_gemms_rope", "flash_attn", "o_ffn"]
+    assert [g.name for g in plan.prefill.block] == ["rms_gemms_rope", "cpu_kv_cache", "flash_attn", "o_ffn"]
     assert all(c.family == CPU_FAMILY for g in plan.decode.groups() if g.where == "cpu" for c in g.calls)
 
 

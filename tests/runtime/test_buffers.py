@@ -38,6 +38,7 @@ def run_iron_like_chain(p: BufferPool, steps: int = 3) -> torch.Tensor:
         {"zero_copy": True},
         {"reuse_buffers": True},
         {"weights": "preloaded", "skip_unchanged_writes": True, "zero_copy": True, "reuse_buffers": True},
+        {"skip_unchanged_writes": True, "handoff": "host"},
     ],
 )
 def test_policies_change_cost_never_results(policy):
@@ -68,6 +69,30 @@ def test_skip_unchanged_keeps_device_values_on_device():
     q = pool()
     run_iron_like_chain(q, steps=2)
     assert q.stats.from_device == 4  # a and b read back every step
+
+
+def test_host_handoff_copies_every_activation_input_and_maps_results_zero_copy():
+    """The paper's separate XRT kernels: each dispatch's activation inputs are copied into its own buffers (BO Write),
+    a result is read on the host through a zero-copy view (BO Read: the fixed cost only), static inputs skipped."""
+    p = pool(skip_unchanged_writes=True, weights="preloaded", handoff="host")
+    w = p.weight("w", torch.full((256,), 2.0))
+    x = p.buffer("x")
+    x.write(torch.ones(256))
+    a = p.buffer("a")
+    p.produced(a, p.device_view(x) * p.weight_view(w))
+    before = p.stats.modeled_s
+    assert torch.equal(p.device_view(a), torch.full((256,), 2.0))  # dispatch B reads A's result
+    assert p.stats.modeled_s - before == pytest.approx(COSTS.fixed_s + COSTS.sync_s(a.nbytes))
+    p.device_view(x)  # a second dispatch reading the same host input writes it into its own buffer again
+    assert p.stats.to_device == 1 + 3  # the weight's one upload, x twice, a once
+    assert p.stats.from_device == 1
+    dev = pool(skip_unchanged_writes=True, weights="preloaded")  # device handoff: a stays, x is written once
+    x2, a2 = dev.buffer("x"), dev.buffer("a")
+    x2.write(torch.ones(256))
+    dev.produced(a2, dev.device_view(x2))
+    dev.device_view(a2)
+    dev.device_view(x2)
+    assert dev.stats.to_device == 1 and dev.stats.from_device == 0
 
 
 def test_static_buffer_that_changes_gives_stale_results_unless_checked():

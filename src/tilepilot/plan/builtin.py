@@ -8,8 +8,10 @@
 - ``paper-like``: how the paper deployed the model (``plan.paper_deployments``, one row per model of
   ``reference/xdna2.md``): rms+QKV(+bias, +Q/K norm)+RoPE | flash attention | O+FFN in one to five dispatches in
   prefill; in decode the fused O+FFN cascade or standalone GEMVs with the M=1 glue on the CPU; decode attention and
-  the final RMSNorm on the CPU; host seq<->head transposes around head-first (head_dim 128) attention; static
-  (preloaded) weights, skipped redundant writes, LM head on the NPU. The reference deployment (Llama-3.2-1B: 3 / 2
+  the final RMSNorm on the CPU; the KV-cache writes on the host; host seq<->head transposes around head-first
+  (head_dim 128) attention; static (preloaded) weights, skipped redundant writes of static inputs, activations handed
+  from dispatch to dispatch through the host (``handoff="host"``: each ELF its own buffers, ``profile.md``'s BO Write /
+  BO Read), LM head on the NPU. The reference deployment (Llama-3.2-1B: 3 / 2
   dispatches) for a model the paper did not deploy.
 """
 
@@ -140,15 +142,20 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
     nodes = list(graph.block)
     split_attn = [n.op for n in nodes].index("attention")
     pre, attn, post = nodes[:split_attn], nodes[split_attn], nodes[split_attn + 1 :]
+    # the host extracts K/V from the attention-input ELF's outputs into its KV cache (profile.md: kv_cache_extract,
+    # 1.1 ms per layer at 2048 tokens; decode: the CPU attention updates the cache)
+    kv_write = [n for n in pre if n.kind == "kv_write"]
+    pre = [n for n in pre if n.kind != "kv_write"]
     final_norm, lm_head = graph.head
 
     def stage_plan(stage: str) -> StagePlan:
         if stage == "prefill":
-            block = [_group("rms_gemms_rope", pre, stage), _group("flash_attn", [attn], stage)]
+            block = [_group("rms_gemms_rope", pre, stage), _group("cpu_kv_cache", kv_write, stage, "cpu")]
+            block += [_group("flash_attn", [attn], stage)]
             parts = _split(post, facts.prefill_cuts)
             block += [_group(name, part, stage) for name, part in zip(_names(parts, "o_ffn"), parts, strict=True)]
         else:
-            block = [_group("rms_gemv_rope", pre, stage), _group("cpu_attention", [attn], stage, "cpu")]
+            block = [_group("rms_gemv_rope", pre, stage), _group("cpu_attention", [*kv_write, attn], stage, "cpu")]
             block += [_group("o_gemv_ffn", post, stage)] if facts.decode_cascade else _decode_standalone(post)
         head = [_group("cpu_final_norm", [final_norm], stage, "cpu"), _group("lm_head", [lm_head], stage)]
         return StagePlan(block=block, head=head)
@@ -164,11 +171,14 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
             skip_unchanged_writes=True,
             reuse_buffers=True,
             layout="host_transpose" if head_first else "seq_first",
+            handoff="host",
         ),
         notes=[
             f"paper-like: the paper's deployment of {facts.model if known else 'its reference model ' + facts.model}"
             f" ({facts.source})",
-            "attention-input ELF: RMSNorm + Q/K/V (+ QKV bias / QK-norm) + RoPE; its drain writes the KV cache",
+            "attention-input ELF: RMSNorm + Q/K/V (+ QKV bias / QK-norm) + RoPE; the host copies K/V into its KV cache",
+            "separate XRT kernels: each dispatch's activation inputs copied into its own buffers, results read "
+            "zero-copy (host handoff)",
             "decode attention and the final RMSNorm on the host CPU"
             + ("" if facts.decode_cascade else "; decode projections standalone GEMVs, the M=1 glue on the CPU"),
             ("head-first FlashAttention with host seq<->head transposes" if head_first else "seq-first layout")

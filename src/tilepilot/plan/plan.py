@@ -31,6 +31,10 @@ STAGES = ("prefill", "decode")
 WHERE = ("npu", "cpu")
 WEIGHT_POLICIES = ("preloaded", "per_call")
 LAYOUTS = ("seq_first", "host_transpose")
+# Where an activation one dispatch produces and a later one reads lives in between (runtime/buffers.py):
+# "device" - in the device buffer the next dispatch reads; "host" - each dispatch has its own argument buffers, as
+# separate XRT kernels do, so the host maps the result (zero-copy) and copies it into the next dispatch's input.
+HANDOFFS = ("device", "host")
 # families that read packed weights (model/quant.py) instead of bf16 ones
 QUANT_FAMILIES = ("qgemv", "qgemm")
 
@@ -132,6 +136,7 @@ class HostPolicy:
     skip_unchanged_writes: bool = False
     reuse_buffers: bool = False
     layout: str = "host_transpose"
+    handoff: str = "device"
 
 
 @dataclass
@@ -257,6 +262,8 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
         problems.append(f"host.weights is {h.weights!r}; use one of {WEIGHT_POLICIES}")
     if h.layout not in LAYOUTS:
         problems.append(f"host.layout is {h.layout!r}; use one of {LAYOUTS}")
+    if h.handoff not in HANDOFFS:
+        problems.append(f"host.handoff is {h.handoff!r}; use one of {HANDOFFS}")
     try:
         wf = plan.weight_format()
         problems += wf.problems()

@@ -15,6 +15,13 @@ Policies (``HostPolicy`` of the plan), each changing modeled time and never a re
   Without it every use pays a write (and a read-back for device-produced values), as IRON does.
 - ``reuse_buffers``: a buffer is allocated once and reused across layers and calls; without it each
   dispatch allocates (and pays for) its buffers.
+- ``handoff="host"``: every dispatch has its own argument buffers, as separate XRT kernels with their own buffer
+  objects do (the paper's deployment, ``llama32_1b/docs/profile.md``: "BO Write" of each kernel's activation inputs,
+  "BO Read" a zero-copy view of its outputs). An activation input is copied into the dispatch's buffer on every
+  dispatch, whether or not another dispatch's buffer already holds it; reading a result on the host costs only the
+  fixed part of a sync. Static inputs (weights, tables) are still skipped under ``skip_unchanged_writes``, and values
+  inside one dispatch never reach the pool. ``"device"`` (the default): a result stays in the buffer the next
+  dispatch reads.
 
 ``BufferPool(trust_static=True)`` trusts static buffers never to change (the fast production
 behaviour); a static buffer that does change is then read stale (not under zero-copy, where the
@@ -120,6 +127,14 @@ class BufferPool:
     def _sync_s(self, nbytes: int) -> float:
         return self.costs.fixed_s if self.policy.zero_copy else self.costs.sync_s(nbytes)
 
+    def _read_s(self, nbytes: int) -> float:
+        """A read-back: under host handoff the host maps the result zero-copy (fixed cost), else a full sync."""
+        return self.costs.fixed_s if self.policy.handoff == "host" else self._sync_s(nbytes)
+
+    @property
+    def host_handoff(self) -> bool:
+        return self.policy.handoff == "host"
+
     def get(self, name: str) -> DeviceBuffer | None:
         return self._buffers.get(name)
 
@@ -164,7 +179,7 @@ class BufferPool:
 
     # ---- activations ------------------------------------------------------------------------
     def _read_back(self, buf: DeviceBuffer) -> None:
-        self._emit(buf.name, "from_device", buf.nbytes, self._sync_s(buf.nbytes))
+        self._emit(buf.name, "from_device", buf.nbytes, self._read_s(buf.nbytes))
         buf.host = buf.device
         buf.host_version += 1
         buf.device_version = buf.host_version
@@ -172,6 +187,8 @@ class BufferPool:
 
     def device_view(self, buf: DeviceBuffer) -> torch.Tensor:
         """Device side of an input before a dispatch, syncing (or not) as the policy says."""
+        if self.host_handoff and buf.kind == "activation" and not buf.static:
+            return self._hand_over(buf)
         if buf.device_fresh:
             # Produced on the device: with dirty tracking it stays there. Without it the host reads it
             # back and writes it again into the next dispatch's input buffer, as IRON does.
@@ -195,6 +212,15 @@ class BufferPool:
         self._emit(buf.name, "to_device", buf.nbytes, self._sync_s(buf.nbytes))
         return buf.device
 
+    def _hand_over(self, buf: DeviceBuffer) -> torch.Tensor:
+        """Host handoff: the value reaches this dispatch's own argument buffer through the host, every time."""
+        if buf.device_fresh:
+            self._read_back(buf)
+        buf.device = buf.host
+        buf.device_version = buf.host_version
+        self._emit(buf.name, "to_device", buf.nbytes, self._sync_s(buf.nbytes))
+        return buf.device
+
     def produced(self, buf: DeviceBuffer, tensor: torch.Tensor) -> None:
         """A kernel wrote ``tensor`` into the device side; the host side is now behind."""
         buf.device = tensor
@@ -208,4 +234,4 @@ class BufferPool:
 
     def transfer(self, name: str, op: str, nbytes: int) -> None:
         """Account a sync of part of a shared buffer (e.g. new KV-cache rows crossing host/NPU)."""
-        self._emit(name, op, nbytes, self._sync_s(nbytes))
+        self._emit(name, op, nbytes, self._read_s(nbytes) if op == "from_device" else self._sync_s(nbytes))

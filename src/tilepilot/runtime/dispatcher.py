@@ -465,13 +465,17 @@ class Dispatcher:
             self.pool.transfer(f"kv_cache.layer{layer}", "to_device" if side == "npu" else "from_device", nbytes)
 
     def _host_transposes(self, g: KernelGroup, p: Pass) -> None:
-        """Layout ``host_transpose``: Q, new K/V rows and the output go through the host to be transposed."""
+        """Layout ``host_transpose``: Q, new K/V rows and the output go through the host to be transposed. Under host
+        handoff they cross anyway (the dispatch's own input copies, the KV rows, the result's read-back), so only the
+        transposes themselves are added."""
         if self.policy.layout != "host_transpose":
             return
         s = self.spec
+        crossing = not self.pool.host_handoff
         for name, width in (("q", s.q_dim), ("k", s.kv_dim), ("v", s.kv_dim), ("attn_out", s.q_dim)):
             nbytes = p.rows * width * 2
-            self.pool.transfer(f"{name}.transpose", "from_device", nbytes)
+            if crossing:
+                self.pool.transfer(f"{name}.transpose", "from_device", nbytes)
             self.trace.add(
                 "sync",
                 f"host_transpose:{name}",
@@ -481,7 +485,8 @@ class Dispatcher:
                 stage=p.stage,
                 bytes=nbytes,
             )
-            self.pool.transfer(f"{name}.transpose", "to_device", nbytes)
+            if crossing:
+                self.pool.transfer(f"{name}.transpose", "to_device", nbytes)
 
     def _kv_args(self, layer: int, p: Pass, kv: KVState) -> dict[str, Any]:
         return {"kv_cache": kv.cache, "layer": layer, "start": p.start}
