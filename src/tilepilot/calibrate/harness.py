@@ -379,7 +379,8 @@ def _gemm_rows(rows: list[dict], device: Device) -> list[KernelRow]:
             t = r["tile"]
             rows_, cols, orient = air_gemm_herd(r["herd"], device)
             acc = "bf16" if method == "direct" else "fp32"
-            out = "fp32" if out_dtype == "f32" else "bf16"  # f32 outputs drained at 4 B per element
+            # f32 outputs drained at 4 B per element; fused-cast's GEMM launch writes f32 too (its cast launch reads it)
+            out = "fp32" if out_dtype == "f32" or method == "fused-cast" else "bf16"
             wanted = gemm.Config(rows_, cols, t["tile_m"], t["tile_k_l1"], t["tile_n"], "vector", acc, orient=orient,
                                  tile_k_l2=int(t.get("tile_k_l2", 0) or 0), out_dtype=out)  # fmt: skip
             shape = gemm.Shape(m, n, k)
