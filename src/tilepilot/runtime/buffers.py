@@ -129,7 +129,7 @@ class BufferPool:
 
     def _read_s(self, nbytes: int) -> float:
         """A read-back: under host handoff the host maps the result zero-copy (fixed cost), else a full sync."""
-        return self.costs.fixed_s if self.policy.handoff == "host" else self._sync_s(nbytes)
+        return self.costs.fixed_s if self.host_handoff else self._sync_s(nbytes)
 
     @property
     def host_handoff(self) -> bool:
@@ -207,15 +207,16 @@ class BufferPool:
         if buf.device_version == buf.host_version and self.policy.skip_unchanged_writes:
             self.stats.skipped += 1
             return buf.device
-        buf.device = buf.host
-        buf.device_version = buf.host_version
-        self._emit(buf.name, "to_device", buf.nbytes, self._sync_s(buf.nbytes))
-        return buf.device
+        return self._write(buf)
 
     def _hand_over(self, buf: DeviceBuffer) -> torch.Tensor:
         """Host handoff: the value reaches this dispatch's own argument buffer through the host, every time."""
         if buf.device_fresh:
             self._read_back(buf)
+        return self._write(buf)
+
+    def _write(self, buf: DeviceBuffer) -> torch.Tensor:
+        """Sync the host side to the device side (one modeled to_device sync)."""
         buf.device = buf.host
         buf.device_version = buf.host_version
         self._emit(buf.name, "to_device", buf.nbytes, self._sync_s(buf.nbytes))
