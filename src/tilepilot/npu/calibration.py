@@ -76,15 +76,16 @@ class Calibration:
     # (kernel stage, all 133 rows; the launch floor of the small rows sets it) from PRIOR's 60 us (trivial XRT
     # kernel, xdna2.md). Consistent with "tiny launches floored at ~80-115 us". IRON's measured parts
     # (IRON_DISPATCH_S + IRON_CONFIGURE_S = 79 us, no per-tile term) were cross-validated as an alternative and lost
-    # (CV loss 0.01795 vs 0.01127, the last comparison of every choice): the rows' floor grows with the tiles a
-    # launch configures. Refitted (chosen choice only) when f32 GEMM outputs got their 4 B: 71.4 -> 84.9 us; with
-    # the fused-cast rows' f32 C and the hop latency free (chosen by CV, 2026-12-02): 84.9 -> 71.4 us.
+    # (CV loss 0.01158 vs 0.00918, the last comparison of every choice, 2026-12-02): the rows' floor grows with the
+    # tiles a launch configures. Refitted (chosen choice only) when f32 GEMM outputs got their 4 B: 71.4 -> 84.9 us;
+    # with the fused-cast rows' f32 C and the hop latency free (chosen by CV, 2026-12-02): 84.9 -> 71.4 us.
     dispatch_overhead_s: float = 71.35242690016327e-6
     # Configuring one tile for a launch (core program, BDs, locks, switch routes), per compute tile with a worker
     # and per memory tile with a link. FITTED by calibrate --fit (kernel stage: the GEMM launches, 32 workers + 8
     # memory tiles, floor at ~116 us against ~86 us for 8-tile streaming kernels) from the estimate 0.94 us; holding
-    # it at the estimate cross-validates worse (0.01305 vs 0.01127). Refitted with f32 outputs at 4 B: 1.88 -> 0.79 us;
-    # with the fused-cast f32 C and the hop latency free: 0.79 -> 1.33 us.
+    # it at the estimate cross-validates worse (no per-tile term: 0.01072 vs 0.00982, same choice otherwise).
+    # Refitted with f32 outputs at 4 B: 1.88 -> 0.79 us; with the fused-cast f32 C and the hop latency free:
+    # 0.79 -> 1.33 us.
     tile_config_s: float = 1.3293607486307095e-6
     # Extra cost of each launch after the first inside one multi-launch dispatch (reconfigure cores, BDs,
     # switches). FITTED by calibrate --fit (end-to-end stage, Llama-3.2-1B figures only: AIR's fused groups
