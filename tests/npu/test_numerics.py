@@ -118,3 +118,22 @@ def test_apply_fp32_rounds_once():
     out = nx.apply_fp32(torch.add, a, b)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, (a.float() + b.float()).bfloat16())
+
+
+@pytest.mark.parametrize("acc", ["fp32", "bf16"])
+def test_row_invariant_path_gives_a_row_the_same_bits_whatever_shares_the_call(acc):
+    """GEMM's fast path: a prompt's last row computed alone (a prefix-cached prompt's one new token) has the bits it
+    has inside the whole prompt's call, and stays within the production bound of the exact path."""
+    torch.manual_seed(3)
+    x = torch.randn(97, 576).bfloat16()
+    w = torch.randn(1536, 576).bfloat16()
+    whole = nx.matmul(x, w, acc=acc, k_chunk=64, exact=False, row_invariant=True)
+    for rows in (slice(96, 97), slice(0, 1), slice(40, 73)):
+        alone = nx.matmul(x[rows], w, acc=acc, k_chunk=64, exact=False, row_invariant=True)
+        assert torch.equal(alone, whole[rows]), rows
+    exact = nx.matmul(x, w, acc=acc, k_chunk=64, exact=True)
+    if acc == "bf16":
+        assert torch.equal(whole, exact)  # the same chunk partials, rounded in the same order
+    else:
+        differs = (whole.float() != exact.float()).float().mean()
+        assert differs < 0.01

@@ -148,6 +148,7 @@ def matmul(
     operands: str = "bf16",
     output: str = "bf16",
     exact: bool = True,
+    row_invariant: bool = False,
 ) -> torch.Tensor:
     """C = x @ w^T with a design's numerics; x [..., K] and w [N, K] in bf16.
 
@@ -158,6 +159,13 @@ def matmul(
     result plus the fp32 summation bound 2*K*2**-24*sum|x_k w_k| (the latter only matters where cancellation
     leaves a result far below its terms; fewer than 0.1% of elements exceed one ulp). With a bf16
     accumulator it loops over K chunks with fp32 matmuls and rounds every partial sum, like the tile.
+
+    row_invariant=True (with exact=False) sums in float64 instead of the host's bf16/fp32 kernel: products of bf16
+    operands are exact and float64's summation error lies far below one ulp of the result, so a row's bits depend
+    neither on how many rows share the call nor on which BLAS kernel the host picks for that many rows. An NPU
+    GEMM computes every row the same way whatever M is; the host's bf16 kernels do not (on AMX CPUs oneDNN blocks
+    K by M, so a prompt served from the prefix cache, one new row, got other logits than its cold prefill).
+    GEMM's M is a prompt chunk's length and varies, so GEMM asks for this; a decode GEMV's M is always its step's.
     """
     _check_bf16("x", x)
     _check_bf16("w", w)
@@ -175,12 +183,14 @@ def matmul(
         x, w = quantize_bfp16(x, -1), quantize_bfp16(w, -1)
         operands = "bf16"  # blocks of 8 never straddle a chunk boundary (chunk % 8 == 0), so quantize once
     if not exact and acc == "fp32":
+        if row_invariant:
+            return finish(torch.nn.functional.linear(x.to(torch.float64), w.to(torch.float64)), output)
         out = torch.nn.functional.linear(x, w)
         return out if output == "bf16" else out.to(torch.float32)
     total = torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.float32 if acc == "fp32" else torch.bfloat16)
     for k0 in range(0, k, chunk):
         xs, ws = x[..., k0 : k0 + chunk], w[:, k0 : k0 + chunk]
-        if exact:
+        if exact or row_invariant:
             partial = chunk_partial(xs, ws, operands)
         else:
             partial = torch.nn.functional.linear(xs.to(torch.float32), ws.to(torch.float32))
