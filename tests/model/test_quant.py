@@ -85,3 +85,27 @@ def test_gguf_blocks_used_as_stored(smollm2_gguf, smollm2_dir):
         if qt is None:
             continue
         assert torch.equal(qt.deployed(), getattr(lw, field))
+
+
+def test_deployed_weights_are_decoded_once_per_live_packed_tensor():
+    """The fast paths' cache of decoded weights: the same bits as decoding, reused while the tensor lives and is
+    unchanged, dropped when it goes, and nothing kept beyond its byte budget."""
+    import gc
+
+    from tilepilot.model import quant as q
+
+    cache = q._DeployedCache(max_bytes=64 * 128 * 2)
+    w = quantize(torch.randn(64, 128), "q4_1").data
+    first = cache.get(w, "q4_1", 32)
+    assert torch.equal(first, q.dequantize_packed(w, "q4_1", 32).to(torch.bfloat16))
+    assert cache.get(w, "q4_1", 32) is first  # reused
+    assert q.deployed_packed(w, "q4_1", 32) is q.deployed_packed(w, "q4_1", 32)  # the module's own cache
+    w[0, 4] ^= 0xFF  # an in-place write: decoded again
+    again = cache.get(w, "q4_1", 32)
+    assert again is not first and torch.equal(again, q.dequantize_packed(w, "q4_1", 32).to(torch.bfloat16))
+    other = quantize(torch.randn(64, 128), "q4_1").data
+    assert cache.get(other, "q4_1", 32) is not cache.get(other, "q4_1", 32)  # over budget: decoded, not kept
+    assert cache.bytes == 64 * 128 * 2
+    del w, first, again
+    gc.collect()
+    assert cache.bytes == 0 and not cache._entries

@@ -29,7 +29,7 @@ import torch
 from tilepilot.kernels import gemm
 from tilepilot.kernels.gemv import stream_taps, tile_fits
 from tilepilot.kernels.qgemv import DEQUANT_OPS
-from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
+from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu.design import Design, Runtime, RuntimeTask, TensorSpec, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.validate import WORD_BYTES, DesignError, Violation
@@ -180,7 +180,7 @@ def _fast(shape: Shape, config: Config):
     inner = gemm._fast(config.gemm())
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        w = dequantize_packed(inputs["w"], shape.fmt, shape.block).to(torch.bfloat16)
+        w = deployed_packed(inputs["w"], shape.fmt, shape.block)
         return inner({"a": inputs["a"], "w": w}, exact=exact)
 
     return fast

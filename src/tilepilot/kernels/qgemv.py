@@ -42,7 +42,7 @@ from tilepilot.kernels.gemv import (
     tile_fits,
     tile_k_choices,
 )
-from tilepilot.model.quant import QUANT_FORMATS, block_bytes, dequantize_packed
+from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TileKernel
 from tilepilot.npu.device import Device, npu2
@@ -218,7 +218,7 @@ def _fast(shape: Shape, config: Config):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
         out = {}
         for w_t, y_t in tensor_names(shape):
-            w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
+            w = deployed_packed(inputs[w_t], shape.fmt, shape.block)
             out[y_t] = nx.matmul(inputs["x"], w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
         return out
 
