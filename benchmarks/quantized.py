@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,9 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     """One dispatch per decode step with a design switch per launch, windowed KV readback, the multi-matrix launches
     of ``multi-matrix-launches``, every projection tile-tuned: the structure before ``resident-decode``."""
     plan = with_weights(paper_like_plan(spec), fmt, packed_prefill=packed_prefill)
+    # tilepilot's runtime hands activations over on the device (one buffer pool); the paper's separate XRT kernels
+    # with their own buffers (paper-like ``handoff="host"``) are the paper's, not the structure the skills reach
+    plan.host = replace(plan.host, handoff="device")
     plan = fused_stage(plan)
     plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
     plan = merged_stage(plan) or plan
