@@ -224,3 +224,23 @@ def test_paper_deployments_are_timed_and_only_llama_informs_the_fit():
     assert q["ttft_published_s"] == 0.99 and q["decode_tok_s_published"] == 11.9
     assert q["dispatches_per_layer_published"] == [4, 5] and q["dispatches_per_layer_modeled"] == [4, 5]
     assert q["ttft_ratio"] == pytest.approx(q["ttft_modeled_s"] / 0.99) and q["ttft_modeled_s"] > 0
+
+
+def test_a_fused_cast_row_is_its_f32_gemm_then_a_single_shot_cast_dispatch():
+    """AIR's fused-cast rows include their cast launch, dispatched single-shot: the row is the f32 GEMM's dispatch,
+    then the cast's own dispatch at the published single-shot cost beyond a persistent one (xdna2.md)."""
+    from tilepilot.npu.calibration import SINGLE_SHOT_EXTRA_S
+    from tilepilot.npu.timing import time_group
+
+    row = {"M": 512, "K": 512, "N": 512, "out_dtype": "bf16", "gflops": 482, "herd": [8, 4],
+           "tile": {"tile_m": 32, "tile_k_l2": 256, "tile_k_l1": 32, "tile_n": 128}}  # fmt: skip
+    rows = ca.kernel_rows(data={"gemm": [{**row, "method": "fused-cast"}, {**row, "method": "drain"}]})
+    fused, drain = rows["gemm"]
+    assert fused.families() == {"gemm", "eltwise"} and drain.families() == {"gemm"}
+    assert fused.design().meta["config"]["out_dtype"] == "fp32"  # AIR's f32 C, read by the cast
+    (cast,) = fused.single_shot_dispatches()
+    assert not validate(cast)
+    want = time_group(fused.design()).seconds + time_group(cast).seconds + SINGLE_SHOT_EXTRA_S
+    assert ca.time_row(fused).modeled == pytest.approx(want, rel=1e-12)
+    assert ca.time_row(drain).modeled == pytest.approx(time_group(drain.design()).seconds, rel=1e-12)
+    assert "single-shot" in ca.time_row(fused).note

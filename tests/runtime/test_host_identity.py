@@ -47,7 +47,8 @@ PLANS = ("deployed", "default", "iron-like", "paper-like")
 # paper's per-model facts (branch calib2: the final RMSNorm on the CPU), and again when f32 GEMM outputs got their
 # 4 B and the constants were refitted (calib2), and when the paper-like plan got the paper's host handoff and the
 # end-to-end constants were refitted, and when fused-cast GEMM rows took f32 C and the kernel constants were
-# refitted (2026-12-02). The logits were those of f7ba7e5 until GEMM's fast path began summing in float64 so that
+# refitted, and when the fused-cast rows' cast became a single-shot dispatch and the kernel constants were refitted
+# (2026-12-02). The logits were those of f7ba7e5 until GEMM's fast path began summing in float64 so that
 # a row's bits do not depend on M (2026-12-02, ``numerics.matmul`` row_invariant: on AMX CPUs a prefix-cached prompt
 # had got other logits than its cold prefill); they were re-pinned then on the CPU named in ENV, the only one at
 # hand (the digests of f7ba7e5's numerics on two other CPUs no longer apply). Tokens and modeled digests did not
@@ -58,25 +59,25 @@ DIGESTS: dict[str, dict[str, str]] = {
     "deployed": {
         "logits": "e661b6a578c0da46149ffeb2727d5cda3146160dba95cdae3aae3879a7c3df8b",
         "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
-        "modeled": "8a86d26985189a9cf8a2a07a5a9bf53b2e32e4f312c43547ecd40c5948d0d117",
+        "modeled": "a7c312e063cc39768fbd92af75caece6bd4281367379cd290793aae8bd9c493a",
     },
     "default": {
         "logits": "138006320a95aba590bc001c7a30773ebe6b2e4abb9dba6c540faba8bfc15ac8",
         "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
-        "modeled": "9b6741c216446bceb89f526712ba01a7097f7863d9e8eb8c9206b8be9c342ade",
+        "modeled": "c5d6ac4dc9483f55984b36bf03c16c667be1eefee5c385a75a2250bb3447d4fa",
     },
     "iron-like": {
         "logits": "e661b6a578c0da46149ffeb2727d5cda3146160dba95cdae3aae3879a7c3df8b",
         "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
-        "modeled": "7d16490df6c6ae56ee51bfc1cf952c1bb5a5cd3ddcdcd7b12d5df71d5e31ebf1",
+        "modeled": "1133a088e739cb814f29f74525822200780b322d93250638efab556961c282b9",
     },
     "paper-like": {
         "logits": "e661b6a578c0da46149ffeb2727d5cda3146160dba95cdae3aae3879a7c3df8b",
         "tokens": "c5f92cf8f039fd65ee3ad9ef18813fe805550f65af49129a3071c75609ff5aa6",
-        "modeled": "f474e6fd8b448491fe7539cd83cb83b14cbe316b53f55c0c0b9f2e2d3e98157b",
+        "modeled": "eeb531696b544499507931b64ddfc75d002bc3f06eea74d386b8986405ddca14",
     },
     "time_plan": {
-        "modeled": "ff7551115437f7cc9496c464d1471fcaeab243f85c4fcdd7f4a0563296ebf860",
+        "modeled": "edf73925b0cdf84bf06060bc1d4e651f6f6dff563f8c036bf97b734c0a2399fa",
     },
 }
 
