@@ -128,3 +128,23 @@ def test_zero_copy_buffers_cannot_go_stale():
     p.device_view(t)
     t.write(torch.tensor([2.0]))
     assert p.device_view(t).item() == 2.0
+
+
+def test_a_host_handoff_is_priced_at_the_handoff_rate_not_a_weight_syncs():
+    """The paper's handoff copies an activation through its Python host (calibration's host_handoff_bytes_per_s);
+    a weight upload or a device-handoff write stays an XRT sync (host_copy_bytes_per_s)."""
+    costs = SyncCostModel(sync_s=lambda n: 1e-5 + n / 1e10, fixed_s=1e-5, alloc_s=2e-5, handoff_s=lambda n: n / 1e8)
+    p = BufferPool(HostPolicy(skip_unchanged_writes=True, weights="preloaded", handoff="host"), costs)
+    w = p.weight("w", torch.full((256,), 2.0))
+    assert p.stats.modeled_s == pytest.approx(costs.sync_s(w.nbytes))
+    x = p.buffer("x")
+    x.write(torch.ones(256))
+    before = p.stats.modeled_s
+    p.device_view(x)
+    assert p.stats.modeled_s - before == pytest.approx(x.nbytes / 1e8)
+    d = BufferPool(HostPolicy(skip_unchanged_writes=True, weights="preloaded"), costs)
+    y = d.buffer("y")
+    y.write(torch.ones(256))
+    before = d.stats.modeled_s
+    d.device_view(y)
+    assert d.stats.modeled_s - before == pytest.approx(costs.sync_s(y.nbytes))

@@ -852,6 +852,7 @@ E2E_FIT_PARAMS: tuple[str, ...] = (
     "launch_in_group_s",
     "host_cpu_bytes_per_s",
     "host_copy_bytes_per_s",
+    "host_handoff_bytes_per_s",
     "host_sync_fixed_s",
 )
 # The grid one coordinate step walks: the current value times 2**(i/4), i = -10..10 (0.18x .. 5.7x), wide enough to

@@ -674,6 +674,12 @@ class HostCost:
             raise InputError(f"A buffer sync of {nbytes} bytes is impossible; pass a byte count >= 0.")
         return self.cal.host_sync_fixed_s + nbytes / self.cal.host_copy_bytes_per_s
 
+    def handoff_s(self, nbytes: int) -> float:
+        """One activation handed over through the host into a dispatch's own buffer (the paper's host handoff)."""
+        if nbytes < 0:
+            raise InputError(f"A handoff of {nbytes} bytes is impossible; pass a byte count >= 0.")
+        return self.cal.host_sync_fixed_s + nbytes / self.cal.host_handoff_bytes_per_s
+
     @property
     def sync_fixed_s(self) -> float:
         """The fixed part of a sync alone: what a zero-copy buffer pays (cache maintenance, no copy)."""

@@ -53,6 +53,8 @@ class SyncCostModel:
     sync_s: Callable[[int], float]  # one host<->device sync of n bytes (copy + fixed cost)
     fixed_s: float  # the fixed part alone (zero-copy: cache maintenance, no copy)
     alloc_s: float  # allocating + mapping one buffer
+    # an activation handed over through the host into a dispatch's own buffer (HostPolicy.handoff="host")
+    handoff_s: Callable[[int], float] | None = None
 
 
 @dataclass
@@ -213,13 +215,18 @@ class BufferPool:
         """Host handoff: the value reaches this dispatch's own argument buffer through the host, every time."""
         if buf.device_fresh:
             self._read_back(buf)
-        return self._write(buf)
+        return self._write(buf, self._handoff_s)
 
-    def _write(self, buf: DeviceBuffer) -> torch.Tensor:
-        """Sync the host side to the device side (one modeled to_device sync)."""
+    def _handoff_s(self, nbytes: int) -> float:
+        if self.policy.zero_copy:
+            return self.costs.fixed_s
+        return (self.costs.handoff_s or self.costs.sync_s)(nbytes)
+
+    def _write(self, buf: DeviceBuffer, cost: Callable[[int], float] | None = None) -> torch.Tensor:
+        """Sync the host side to the device side (one modeled to_device sync, or ``cost`` of its bytes)."""
         buf.device = buf.host
         buf.device_version = buf.host_version
-        self._emit(buf.name, "to_device", buf.nbytes, self._sync_s(buf.nbytes))
+        self._emit(buf.name, "to_device", buf.nbytes, (cost or self._sync_s)(buf.nbytes))
         return buf.device
 
     def produced(self, buf: DeviceBuffer, tensor: torch.Tensor) -> None:

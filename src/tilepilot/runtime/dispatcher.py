@@ -42,7 +42,7 @@ META = torch.device("meta")
 
 def sync_costs(cal: Calibration = CALIBRATION) -> SyncCostModel:
     hc = HostCost(cal)
-    return SyncCostModel(sync_s=hc.sync_s, fixed_s=hc.sync_fixed_s, alloc_s=hc.alloc_s())
+    return SyncCostModel(sync_s=hc.sync_s, fixed_s=hc.sync_fixed_s, alloc_s=hc.alloc_s(), handoff_s=hc.handoff_s)
 
 
 def _key(x: Any) -> Any:
