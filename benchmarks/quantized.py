@@ -12,8 +12,9 @@ Every time here is **modeled** (``runtime.timing.time_plan``, TTFT at ``--prompt
 that context), one timing model and one run for all columns, so a speed-up is two plans of one model timed together.
 ``bound`` is the timing model's own weight-streaming bound of the plan: the decode weights it streams per token
 (packed layer projections + bf16 LM head + norms) over the usable DDR bandwidth (``Calibration.ddr_bytes_per_s``).
-Quantization error against bf16 is the ``ctxquant`` quality measure's (KL, top-1, divergence, perplexity); it had
-not landed when this table was made, so the column says so instead of guessing.
+Quantization error against bf16 is ``harness/quant_quality.py``'s (teacher-forced KL and top-1 over the shipped real
+text), given for the trained SmolLM2-135M only: the seed shapes' zoo checkpoints have random weights, so their column
+says so instead of guessing.
 
     python benchmarks/quantized.py [--models llama-3.2-1b ...] [--no-smollm2] [--prompt-len 2048]
     python benchmarks/quantized.py --from-json benchmarks/results/quantized.json   # re-render, no new number
