@@ -6,7 +6,7 @@ import torch
 from tilepilot.plan.plan import HostPolicy
 from tilepilot.runtime.buffers import BufferPool, StaleBufferError, SyncCostModel
 
-COSTS = SyncCostModel(sync_s=lambda n: 1e-5 + n / 1e10, fixed_s=1e-5, alloc_s=2e-5)
+COSTS = SyncCostModel(sync_s=lambda n: 1e-5 + n / 1e10, fixed_s=1e-5, alloc_s=2e-5, handoff_s=lambda n: 1e-5 + n / 1e10)
 
 
 def pool(**kw) -> BufferPool:

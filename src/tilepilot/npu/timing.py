@@ -670,15 +670,16 @@ class HostCost:
 
     def sync_s(self, nbytes: int) -> float:
         """One host<->device buffer sync of ``nbytes`` (modeled): fixed cost + copy at host bandwidth."""
-        if nbytes < 0:
-            raise InputError(f"A buffer sync of {nbytes} bytes is impossible; pass a byte count >= 0.")
-        return self.cal.host_sync_fixed_s + nbytes / self.cal.host_copy_bytes_per_s
+        return self._copy_s(nbytes, self.cal.host_copy_bytes_per_s, "buffer sync")
 
     def handoff_s(self, nbytes: int) -> float:
         """One activation handed over through the host into a dispatch's own buffer (the paper's host handoff)."""
+        return self._copy_s(nbytes, self.cal.host_handoff_bytes_per_s, "handoff")
+
+    def _copy_s(self, nbytes: int, bytes_per_s: float, what: str) -> float:
         if nbytes < 0:
-            raise InputError(f"A handoff of {nbytes} bytes is impossible; pass a byte count >= 0.")
-        return self.cal.host_sync_fixed_s + nbytes / self.cal.host_handoff_bytes_per_s
+            raise InputError(f"A {what} of {nbytes} bytes is impossible; pass a byte count >= 0.")
+        return self.cal.host_sync_fixed_s + nbytes / bytes_per_s
 
     @property
     def sync_fixed_s(self) -> float:

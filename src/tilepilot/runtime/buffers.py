@@ -54,7 +54,7 @@ class SyncCostModel:
     fixed_s: float  # the fixed part alone (zero-copy: cache maintenance, no copy)
     alloc_s: float  # allocating + mapping one buffer
     # an activation handed over through the host into a dispatch's own buffer (HostPolicy.handoff="host")
-    handoff_s: Callable[[int], float] | None = None
+    handoff_s: Callable[[int], float]
 
 
 @dataclass
@@ -220,7 +220,7 @@ class BufferPool:
     def _handoff_s(self, nbytes: int) -> float:
         if self.policy.zero_copy:
             return self.costs.fixed_s
-        return (self.costs.handoff_s or self.costs.sync_s)(nbytes)
+        return self.costs.handoff_s(nbytes)
 
     def _write(self, buf: DeviceBuffer, cost: Callable[[int], float] | None = None) -> torch.Tensor:
         """Sync the host side to the device side (one modeled to_device sync, or ``cost`` of its bytes)."""
