@@ -122,15 +122,23 @@ def test_apply_fp32_rounds_once():
 
 @pytest.mark.parametrize("acc", ["fp32", "bf16"])
 def test_row_invariant_path_gives_a_row_the_same_bits_whatever_shares_the_call(acc):
-    """GEMM's fast path: a prompt's last row computed alone (a prefix-cached prompt's one new token) has the bits it
-    has inside the whole prompt's call, and stays within the production bound of the exact path."""
+    """GEMM's fast path: a prompt's last row computed alone (a prefix-cached prompt's one new token, run on one
+    thread by ``runtime.threads``) has the bits it has inside the whole prompt's call, and stays within the
+    production bound of the exact path. K 4864 (a down projection): where the host's kernel splits K across threads
+    and blocks it by M (AMX), so a plain host GEMM fails this."""
     torch.manual_seed(3)
-    x = torch.randn(97, 576).bfloat16()
-    w = torch.randn(1536, 576).bfloat16()
+    x = torch.randn(197, 4864).bfloat16()
+    w = torch.randn(896, 4864).bfloat16()
     whole = nx.matmul(x, w, acc=acc, k_chunk=64, exact=False, row_invariant=True)
-    for rows in (slice(96, 97), slice(0, 1), slice(40, 73)):
-        alone = nx.matmul(x[rows], w, acc=acc, k_chunk=64, exact=False, row_invariant=True)
-        assert torch.equal(alone, whole[rows]), rows
+    before = torch.get_num_threads()
+    for rows in (slice(196, 197), slice(0, 1), slice(40, 73), slice(3, 19)):
+        for threads in {1, before}:
+            torch.set_num_threads(threads)
+            try:
+                alone = nx.matmul(x[rows], w, acc=acc, k_chunk=64, exact=False, row_invariant=True)
+            finally:
+                torch.set_num_threads(before)
+            assert torch.equal(alone, whole[rows]), (rows, threads)
     exact = nx.matmul(x, w, acc=acc, k_chunk=64, exact=True)
     if acc == "bf16":
         assert torch.equal(whole, exact)  # the same chunk partials, rounded in the same order

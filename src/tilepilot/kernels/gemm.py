@@ -21,10 +21,10 @@ place). Per C tile a worker holds C and streams K / tile_k pairs of A and W tile
 Numerics: bf16 operands (or block-FP16 for variant "bfp16"), exact per-call partial sums, accumulated
 in an fp32 scratch accumulator and rounded once (acc="fp32"), or accumulated in the bf16 C buffer and so
 rounded after every K chunk (acc="bf16", what a kernel accumulating in its output buffer does).
-Production fast path (exact=False): one float64 ``torch.nn.functional.linear`` for acc="fp32" (differs
-from the exact path on < 1% of elements, by one bf16 ulp except under heavy cancellation; the bound is in
-``numerics.matmul`` and tested), a K-chunk loop otherwise. Float64 rather than the host's bf16 kernel because a row's
-bits must not depend on M, which is a prompt chunk's length (``numerics.matmul``'s ``row_invariant``).
+Production fast path (exact=False): the host's kernel on fixed 64-row blocks, one thread per block, for acc="fp32"
+(differs from the exact path on < 1% of elements, by one bf16 ulp except under heavy cancellation; the bound is in
+``numerics.matmul`` and tested), a K-chunk loop otherwise. Fixed blocks rather than one host call because a row's
+bits must not depend on M, which is a prompt chunk's length (``numerics.row_blocked_linear``).
 """
 
 from __future__ import annotations

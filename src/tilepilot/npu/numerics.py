@@ -29,6 +29,9 @@ fp64 matmul differently. Chunk partials are then added to the accumulator in K o
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -160,12 +163,12 @@ def matmul(
     leaves a result far below its terms; fewer than 0.1% of elements exceed one ulp). With a bf16
     accumulator it loops over K chunks with fp32 matmuls and rounds every partial sum, like the tile.
 
-    row_invariant=True (with exact=False) sums in float64 instead of the host's bf16/fp32 kernel: products of bf16
-    operands are exact and float64's summation error lies far below one ulp of the result, so a row's bits depend
-    neither on how many rows share the call nor on which BLAS kernel the host picks for that many rows. An NPU
-    GEMM computes every row the same way whatever M is; the host's bf16 kernels do not (on AMX CPUs oneDNN blocks
-    K by M, so a prompt served from the prefix cache, one new row, got other logits than its cold prefill).
-    GEMM's M is a prompt chunk's length and varies, so GEMM asks for this; a decode GEMV's M is always its step's.
+    row_invariant=True (with exact=False) runs the host kernel on fixed-size row blocks (``row_blocked_linear``),
+    so a row's bits depend neither on how many rows share the call nor on the host's thread count. An NPU GEMM
+    computes every row the same way whatever M is; the host's kernels do not (on AMX CPUs oneDNN blocks K by M, so a
+    prompt served from the prefix cache, one new row, got other logits than its cold prefill; and a step small
+    enough to run on one thread splits K differently from a two-thread one). GEMM's M is a prompt chunk's length
+    and varies, so GEMM asks for this; a decode GEMV's M is always its step's.
     """
     _check_bf16("x", x)
     _check_bf16("w", w)
@@ -184,7 +187,7 @@ def matmul(
         operands = "bf16"  # blocks of 8 never straddle a chunk boundary (chunk % 8 == 0), so quantize once
     if not exact and acc == "fp32":
         if row_invariant:
-            return finish(torch.nn.functional.linear(x.to(torch.float64), w.to(torch.float64)), output)
+            return row_blocked_linear(x, w, output)
         out = torch.nn.functional.linear(x, w)
         return out if output == "bf16" else out.to(torch.float32)
     total = torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.float32 if acc == "fp32" else torch.bfloat16)
@@ -196,6 +199,56 @@ def matmul(
             partial = torch.nn.functional.linear(xs.to(torch.float32), ws.to(torch.float32))
         total = accumulate(total, partial, acc)
     return finish(total, output)
+
+
+ROW_BLOCK = 64  # rows per host-kernel call of the row-invariant path (a multiple of every SIMD/AMX row tile)
+_POOL: list[ThreadPoolExecutor] = []  # one pool per process, made on first use
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="tilepilot-rows"))
+        return _POOL[0]
+
+
+def row_blocked_linear(x: torch.Tensor, w: torch.Tensor, output: str = "bf16") -> torch.Tensor:
+    """x @ w^T through the host's kernel, one call per block of ``ROW_BLOCK`` rows (the last zero-padded), each on
+    one torch thread; blocks run side by side on a small thread pool.
+
+    Why: the host's GEMM picks its K blocking by the problem's shape and splits K across threads when rows are few,
+    so the same row got other bits in a one-row call than inside a prompt. Every call here has one shape per (K, N)
+    and runs on one thread, so a row's bits are a function of that row and the weights alone (zero rows add
+    nothing; the kernel treats every row of a block alike). bf16 output uses the host's bf16 kernel (fp32 sums,
+    one rounding); fp32 output its fp32 kernel on the exact bf16 products. Cost: about 1-1.5x the host's own
+    multi-threaded bf16 GEMM, against ~5x for the float64 sums this replaced.
+    """
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    dtype = torch.bfloat16 if output == "bf16" else torch.float32
+    a, b = rows.to(dtype), w.to(dtype)
+    pad = -m % ROW_BLOCK
+    if pad:
+        a = torch.nn.functional.pad(a, (0, 0, 0, pad))
+    out = torch.empty(m + pad, w.shape[0], dtype=dtype)
+    blocks = (m + pad) // ROW_BLOCK
+
+    def run(i: int) -> None:
+        torch.set_num_threads(1)  # in this thread: a one-thread kernel never splits K
+        lo = i * ROW_BLOCK
+        out[lo : lo + ROW_BLOCK] = torch.nn.functional.linear(a[lo : lo + ROW_BLOCK], b)
+
+    before = torch.get_num_threads()
+    try:
+        if blocks == 1:
+            run(0)
+        else:
+            list(_pool().map(run, range(blocks)))
+    finally:
+        torch.set_num_threads(before)  # the workers' setting is process-wide for some backends: restore it
+    return out[:m].reshape(*lead, w.shape[0])
 
 
 def apply_fp32(fn, *xs: torch.Tensor, output: str = "bf16") -> torch.Tensor:
