@@ -9,7 +9,9 @@ from kernel_checks import kernel_gate, rand_bf16
 from tilepilot.kernels import gemv, qgemv
 from tilepilot.model.quant import quantize
 from tilepilot.npu.execute import run_fast, run_tile
-from tilepilot.npu.timing import time_dispatch
+from tilepilot.npu.calibration import CALIBRATION
+from tilepilot.npu.device import npu2
+from tilepilot.npu.timing import compute_cycles_per_call, time_dispatch
 from tilepilot.npu.validate import DesignError, validate
 
 SMALL = [
@@ -169,3 +171,16 @@ def test_an_uneven_split_streams_more_channels_and_the_tuner_takes_it_where_the_
         qgemv.make_design(shape, qgemv.Config(8, 36, 256, 2, 1, "q4_0", rows=4, tile_m0=4))
     with pytest.raises(DesignError, match="N=8192"):
         qgemv.make_design(shape, qgemv.Config(8, 36, 256, 2, 2, "q4_0", rows=4, tile_m0=6))
+
+
+def test_the_q4_0_calls_core_cost_is_airs_published_cycle_count():
+    """qgemv's efficiency is derived, not fitted: AIR's Q4_0 decode kernel runs a 140-bundle body 8x2 times per
+    32x256 weight block at about one bundle per cycle (fused_decode README). Our call of that block must cost those
+    2240 core cycles (loop overhead apart), so the constant cannot drift from its source."""
+    shape = qgemv.Shape(256, 2048, 1, "q4_0", 32)
+    config = qgemv.Config(cols=8, tile_m=32, tile_k=256, fmt="q4_0", block=32)
+    k = qgemv._kernel(shape, config, 32)
+    cycles = compute_cycles_per_call(
+        k.variant, k.macs_per_call, k.vector_ops_per_call, k.bytes_per_call, "qgemv", npu2(), CALIBRATION
+    )
+    assert cycles - CALIBRATION.loop_overhead_cycles == pytest.approx(140 * 8 * 2, rel=1e-9)

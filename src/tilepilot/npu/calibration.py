@@ -59,6 +59,14 @@ _EFFICIENCY_TABLE: tuple[tuple[str, float], ...] = (  # sorted by family name
     # gemv: the 30 GEMV rows: AIR's matrix-vector kernel sustains ~1.2 MAC/cycle per tile (a one-row product cannot
     # fill the 4x8x8 MMUL); its rows are kernel-bound at ~30-33 GB/s over 8 tiles.
     ("gemv", 0.004645340292979379),
+    # qgemv: DERIVED from a published cycle count, not fitted (no quantized kernel is in the registry). AIR's Q4_0
+    # decode kernel (proj_qmm, peano build, xor sign fix) runs a 140-bundle inner-loop body 8x2 times per 32x256
+    # weight block at about one bundle per cycle (Xilinx/mlir-air programming_examples/fused_decode/README.md), i.e.
+    # 2240 cycles per 8192 weights; our call of that block (8192 MACs at the bf16 vector peak plus
+    # qgemv.DEQUANT_OPS["q4_0"] = 3 vector ops per weight) takes that at 0.70: (8192/256 + 3*8192/16) / 2240.
+    # tests/kernels/test_qgemv.py holds the two together. The affine (Q4NX / q4_1) kernel's count is not published;
+    # q4_1 pays its fourth op per weight at the same efficiency. Was the 0.5 default until 2026-12-02.
+    ("qgemv", 0.7),
     # rmsnorm: the 7 RMSNorm rows (18-25 GB/s, "kernel-bound, not DDR-bound" per their authors).
     ("rmsnorm", 0.10511205190671431),
     # rope: the 12 RoPE rows.
