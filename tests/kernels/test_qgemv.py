@@ -8,9 +8,9 @@ from kernel_checks import kernel_gate, rand_bf16
 
 from tilepilot.kernels import gemv, qgemv
 from tilepilot.model.quant import quantize
-from tilepilot.npu.execute import run_fast, run_tile
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.device import npu2
+from tilepilot.npu.execute import run_fast, run_tile
 from tilepilot.npu.timing import compute_cycles_per_call, time_dispatch
 from tilepilot.npu.validate import DesignError, validate
 
