@@ -29,8 +29,7 @@ fp64 matmul differently. Chunk partials are then added to the accumulator in K o
 
 from __future__ import annotations
 
-import os
-import threading
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -202,20 +201,18 @@ def matmul(
 
 
 ROW_BLOCK = 64  # rows per host-kernel call of the row-invariant path (a multiple of every SIMD/AMX row tile)
-_POOL: list[ThreadPoolExecutor] = []  # one pool per process, made on first use
-_POOL_LOCK = threading.Lock()
 
 
-def _pool() -> ThreadPoolExecutor:
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="tilepilot-rows"))
-        return _POOL[0]
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per worker count, made on first use (its threads start lazily)."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="tilepilot-rows")
 
 
 def row_blocked_linear(x: torch.Tensor, w: torch.Tensor, output: str = "bf16") -> torch.Tensor:
     """x @ w^T through the host's kernel, one call per block of ``ROW_BLOCK`` rows (the last zero-padded), each on
-    one torch thread; blocks run side by side on a small thread pool.
+    one torch thread; blocks run side by side on as many pool threads as torch's own thread setting allows (so
+    ``runtime.threads``' one-thread steps and a user's ``torch.set_num_threads`` still bound the parallelism).
 
     Why: the host's GEMM picks its K blocking by the problem's shape and splits K across threads when rows are few,
     so the same row got other bits in a one-row call than inside a prompt. Every call here has one shape per (K, N)
@@ -244,11 +241,13 @@ def row_blocked_linear(x: torch.Tensor, w: torch.Tensor, output: str = "bf16") -
         out[lo : lo + ROW_BLOCK] = torch.nn.functional.linear(a[lo : lo + ROW_BLOCK], b)
 
     before = torch.get_num_threads()
+    workers = min(blocks, before)
     try:
-        if blocks == 1:
-            run(0)
+        if workers == 1:
+            for i in range(blocks):
+                run(i)
         else:
-            list(_pool().map(run, range(blocks)))
+            list(_pool(workers).map(run, range(blocks)))
     finally:
         torch.set_num_threads(before)  # the workers' setting is process-wide for some backends: restore it
     return out[:m].reshape(*lead, w.shape[0])
