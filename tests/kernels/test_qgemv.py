@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from kernel_checks import kernel_gate, rand_bf16
@@ -12,6 +14,7 @@ from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.device import npu2
 from tilepilot.npu.execute import run_fast, run_tile
 from tilepilot.npu.timing import compute_cycles_per_call, time_dispatch
+from tilepilot.npu.trace import launch_layout
 from tilepilot.npu.validate import DesignError, validate
 
 SMALL = [
@@ -23,6 +26,8 @@ SMALL = [
     (qgemv.Shape(64, 64, 1, "q4_0", 32), qgemv.Config(2, 8, 64, rows=2)),
     (qgemv.Shape(128, 128, 1, "q4_1", 32), qgemv.Config(2, 4, 64, 2, 2, "q4_1", rows=4)),
     (qgemv.Shape(64, 128, 2, "q8_0", 32), qgemv.Config(2, 8, 64, 1, 2, "q8_0", rows=2)),
+    (qgemv.Shape(64, 128, 1, "q4_0", 32), qgemv.Config(8, 4, 64, 2, 2, "q4_0", rows=1, x_rides=True)),
+    (qgemv.Shape(128, 128, 2, "q4_1", 32), qgemv.Config(8, 2, 64, 1, 2, "q4_1", rows=4, x_rides=True)),
 ]
 
 
@@ -184,3 +189,50 @@ def test_the_q4_0_calls_core_cost_is_airs_published_cycle_count():
         k.variant, k.macs_per_call, k.vector_ops_per_call, k.bytes_per_call, "qgemv", npu2(), CALIBRATION
     )
     assert cycles - CALIBRATION.loop_overhead_cycles == pytest.approx(140 * 8 * 2, rel=1e-9)
+
+
+def test_a_resident_x_rides_a_weight_channel_so_every_column_feeds_two():
+    """x sent once, whole, on column 0's first weight channel (``Tiling.x_rides``): 16 weight channels on 8 columns,
+    x's bytes counted on that channel and nowhere else, the numbers those of the separate GEMVs, and a rider whose
+    host is missing or on another shim is refused with its code."""
+    shape = qgemv.Shape(96, 128, 1, "q8_0", 32, (64, 32))
+    config = qgemv.Config(8, 2, 64, 1, 2, "q8_0", rows=2, x_rides=True)
+    design = qgemv.make_design(shape, config)
+    assert validate(design) == []
+    weight_fifos = [f for f in design.fifos if f.name.startswith("w_") and f.shim_placement]
+    assert len(weight_fifos) == 2 * config.cols
+    x = next(f for f in design.fifos if f.name == "x")
+    host = next(f for f in weight_fifos if f.name == "w_0_0")
+    assert x.rides_with == host.name and x.shim_placement == host.shim_placement
+    assert design.runtime.moved_elements("fill", "x") == shape.m * shape.k  # sent once per launch
+    mm2s = {label: n for label, n in launch_layout(design).shim_channels if " mm2s " in label}
+    assert len(mm2s) == 2 * config.cols and sum(mm2s.values()) == design.ddr_read_bytes()
+    w_bytes = design.runtime.moved_elements("fill", "w_0_0")  # bytes: packed uint8
+    assert 2 * shape.m * shape.k + w_bytes in (mm2s["shim 0 mm2s 0"], mm2s["shim 0 mm2s 1"])
+    ins = {"x": rand_bf16(shape.m, shape.k, seed=3)}
+    for j, nj in enumerate(shape.matrices()):
+        ins[f"w{j}"] = quantize(rand_bf16(nj, shape.k, seed=40 + j, scale=0.05), shape.fmt, shape.block).data
+    tile, exact = run_tile(design, ins), run_fast(design, ins, exact=True)
+    for j, nj in enumerate(shape.matrices()):
+        one = qgemv.make_design(qgemv.Shape(nj, shape.k, 1, "q8_0", 32), qgemv.Config(1, 4, 64, fmt="q8_0"))
+        ref = run_fast(one, {"x": ins["x"], "w": ins[f"w{j}"]}, exact=True)["y"]
+        assert torch.equal(tile[f"y{j}"], ref) and torch.equal(exact[f"y{j}"], ref)
+    for bad in ("nope", "w_1_0"):
+        fifos = [replace(f, rides_with=bad) if f.name == "x" else f for f in design.fifos]
+        codes = {v.code for v in validate(replace(design, fifos=fifos))}
+        assert "SHIM_CHANNEL_SHARE" in codes
+    with pytest.raises(DesignError, match="dual-channel"):
+        qgemv.make_design(shape, replace(config, weight_channels=1))
+
+
+def test_the_tuner_takes_the_riding_x_where_the_shim_binds():
+    """Llama-3.2-1B's up projection on 8 channels is bound by them; on 16 it reaches the DDR bound and is faster
+    (modeled, one timing model), and the tuner's candidates include it."""
+    shape = qgemv.Shape(8192, 2048, 1, "q4_0", 32)
+    one = qgemv.make_design(shape, qgemv.Config(8, 4, 256, 2, 1, "q4_0", rows=4))
+    two = qgemv.make_design(shape, qgemv.Config(8, 4, 256, 2, 2, "q4_0", rows=4, x_rides=True))
+    assert validate(one) == [] and validate(two) == []
+    t_one, t_two = time_dispatch(one), time_dispatch(two)
+    assert t_one.designs[0].limiter.startswith("shim") and t_two.designs[0].limiter == "ddr"
+    assert t_two.seconds < t_one.seconds
+    assert any(c.x_rides for c in qgemv.candidate_configs(shape))

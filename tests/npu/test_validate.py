@@ -85,6 +85,26 @@ def test_baseline_is_legal_and_check_places_it():
     assert placed.is_placed()
 
 
+def test_a_fifo_riding_another_shim_channel_takes_none_and_must_ride_a_fill_on_its_shim():
+    """``ObjectFifo.rides_with``: x1's DDR fills queue on x0's MM2S channel (the placer puts it on x0's shim and it
+    claims no channel); riding a drain, an unknown fifo, a rider, or a channel on another shim is SHIM_CHANNEL_SHARE."""
+    d = stream(3)
+    d.fifos = [replace(f, rides_with="x0") if f.name == "x1" else f for f in d.fifos]
+    placed = check(d)
+    shim = {f.name: f.shim_placement for f in placed.fifos}
+    assert shim["x1"] == shim["x0"]
+    alone = check(stream(3))
+    mm2s = sum(u.mm2s for t, u in resource_use(placed).items() if t.row == 0)
+    assert mm2s == sum(u.mm2s for t, u in resource_use(alone).items() if t.row == 0) - 1
+    for bad in ("y0", "nope", "x1"):
+        d = stream(3)
+        d.fifos = [replace(f, rides_with=bad) if f.name in ("x1", "x2") else f for f in d.fifos]
+        assert "SHIM_CHANNEL_SHARE" in codes(d), bad
+    moved = [replace(f, shim_placement=Tile(5, 0)) if f.name == "x1" else f for f in placed.fifos]
+    assert "SHIM_CHANNEL_SHARE" in codes(replace(placed, fifos=[replace(f, rides_with="x0") if f.name == "x1" else f
+                                                                  for f in moved]))  # fmt: skip
+
+
 def test_unknown_ref_and_duplicate_name():
     d = stream()
     d.workers[0] = replace(d.workers[0], inputs=("nope",))

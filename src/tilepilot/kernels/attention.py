@@ -952,7 +952,9 @@ def _heads_per_col(shape: Shape, device: Device) -> list[int]:
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
     """Most tiles busy first, then less MMUL padding and bigger tiles, then fewer query tiles per column; only
-    tilings that fit tile memory and the memory tiles' DMA channels."""
+    tilings that fit tile memory and the memory tiles' DMA channels. A decode step's attention (one query) is also
+    offered on half the columns: slower alone, but a resident pass (``plan/resident.py``) can then give whole
+    columns to the launches beside it."""
     device = device or npu2()
     out: list[tuple[tuple, Config]] = []
     for hpc in _heads_per_col(shape, device):
@@ -961,8 +963,10 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
             for qpc in [n for n in range(1, device.compute_rows // hpc + 1) if q_tiles % n == 0]:
                 units = (shape.n_heads // hpc) * (q_tiles // qpc)
                 waste = -(-tq // MMUL_M) * MMUL_M / tq
-                cols = min(device.columns, units)
-                for tk in (128, 64, 32, 16):
+                widths = [min(device.columns, units)]
+                if shape.q_len == 1 and units >= device.columns:  # a decode step: also on half the columns
+                    widths.append(device.columns // 2)
+                for cols, tk in ((c, t) for c in widths for t in (128, 64, 32, 16)):
                     cfg = Config(cols, hpc, tq, tk, 2, "vector", qpc)
                     s2mm, mm2s = mem_tile_channels(shape, cfg)
                     if l1_bytes(shape, cfg) > device.compute.memory_bytes:

@@ -25,7 +25,7 @@ the other for calibration.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,7 +33,11 @@ import torch
 
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import (
+    Acquire,
+    Call,
     Design,
+    Op,
+    Release,
     Runtime,
     TensorAccessPattern,
     TensorSpec,
@@ -308,7 +312,15 @@ class Tiling:
 
     ``tile_m0`` > 0: an uneven, channel-proportional row split: column 0's second shim channel carries x, so its
     weights ride one channel and its workers take ``tile_m0`` rows per call, while every other column feeds both
-    channels with ``tile_m`` rows per worker; with 8 columns the weights stream on 15 shim channels."""
+    channels with ``tile_m`` rows per worker; with 8 columns the weights stream on 15 shim channels.
+
+    ``x_rides``: x is sent once per launch, whole, ahead of column 0's first weight stream on that stream's shim
+    channel (``ObjectFifo.rides_with``), and stays in every worker's memory for the launch (``resident_x_program``),
+    so every column of the array can feed weights on both channels: 16 weight channels on 8 columns. AIR's fused
+    decode does the same for its projections: x resident in each core, sent once, the shims carrying weights
+    (``proj_qmm_acc`` reads block j of its resident x). x must arrive whole before the weights behind it move,
+    which its one whole-x object guarantees (an x re-sent per block on a shared channel could block the weights the
+    workers wait for)."""
 
     cols: int
     rows: int
@@ -317,6 +329,7 @@ class Tiling:
     depth: int
     channels: int = 1
     tile_m0: int = 0
+    x_rides: bool = False
 
     def column(self, c: int) -> tuple[int, int]:
         """(weight channels, rows per worker and call) of column ``c``."""
@@ -355,8 +368,13 @@ def matvec_dataflow(
     blocks = [rows * t.column(c)[1] for c in range(cols)]  # output rows column c produces per iteration
     starts = [sum(blocks[:c]) for c in range(cols)]
     iters = sum(nj // total for nj in shape.matrices())
-    x_col = cols if t.channels == 2 and not t.tile_m0 else 0
-    fifos: list[Fifo] = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(x_col, SHIM_ROW))]
+    if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides)
+        x = Fifo("x", (m, k), "bf16", 1, shim_placement=Tile(0, SHIM_ROW), rides_with="w_0_0", role=f"{worker}.x")
+        fifos: list[Fifo] = [x]
+    else:
+        x_col = cols if t.channels == 2 and not t.tile_m0 else 0
+        fifos = [Fifo("x", (m, tk), "bf16", 2, shim_placement=Tile(x_col, SHIM_ROW))]
+    calls = iters * ksteps
     workers: list[Worker] = []
     links = []
     for c in range(cols):
@@ -386,17 +404,21 @@ def matvec_dataflow(
             fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
             links.append(join(f"y_join_{c}", y_out, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
         for r in range(rows):
+            if t.x_rides:  # one loop over every block and K chunk, x held throughout (resident_x_program)
+                loop = dict(iterations=1, calls_per_iteration=calls, program=resident_x_program(iters, ksteps),
+                            acquires={w_in[r]: calls, "x": 1, y_out[r]: iters})  # fmt: skip
+            else:
+                loop = dict(iterations=iters, calls_per_iteration=ksteps,
+                            acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1})  # fmt: skip
             workers.append(
                 Worker(
                     name=f"{worker}_{r}_{c}",
                     kernel=kernel(tm),
                     inputs=(w_in[r], "x"),
                     outputs=(y_out[r],),
-                    iterations=iters,
                     placement=Tile(c, FIRST_COMPUTE_ROW + r),
                     local_bytes=local_bytes(tm),
-                    acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1},
-                    calls_per_iteration=ksteps,
+                    **loop,
                 )
             )
     rt = Runtime()
@@ -405,9 +427,14 @@ def matvec_dataflow(
         its = nj // total  # iterations of this matrix: every column produces blocks[c] of its rows in each
         for i0 in range(0, its, TAP_MAX_REPEAT):
             nb = min(TAP_MAX_REPEAT, its - i0)
-            # x is re-sent for every output block (the broadcast delivers each object to every worker)
-            for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
-                rt.fill("x", "x", tap, group)
+            # x is re-sent for every output block (the broadcast delivers each object to every worker), or sent
+            # whole once, first, when it rides a weight channel
+            if not t.x_rides:
+                for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
+                    rt.fill("x", "x", tap, group)
+            elif group == 0:
+                for tap in stream_taps((m, k), 0, [m, k], [k, 1]):
+                    rt.fill("x", "x", tap, group)
             for c in range(cols):
                 (ch, tm), block = t.column(c), blocks[c]
                 sub = block // ch
@@ -422,6 +449,32 @@ def matvec_dataflow(
                     rt.drain(y_fifo, y_t, tap, group)
             group += 1
     return fifos, links, workers, rt
+
+
+def resident_x_program(blocks: int, ksteps: int) -> Callable[[Worker], Iterator[Op]]:
+    """A matrix-vector worker's program when x stays resident (``Tiling.x_rides``): acquire the whole x once, then
+    for each of ``blocks`` output blocks hold one output object while ``ksteps`` weight chunks stream past; each
+    call is step k of ``ksteps`` of block b (the kernel reads chunk k of x, ``x_chunk``)."""
+
+    def program(w: Worker) -> Iterator[Op]:
+        wf, xf = w.inputs
+        (yf,) = w.outputs
+        (x,) = yield Acquire(xf, 1)
+        for b in range(blocks):
+            (y,) = yield Acquire(yf, 1)
+            for step in range(ksteps):
+                (wb,) = yield Acquire(wf, 1)
+                yield Call((wb, x), (y,), b, step, ksteps)
+                yield Release(wf, 1)
+            yield Release(yf, 1)
+        yield Release(xf, 1)
+
+    return program
+
+
+def x_chunk(x: torch.Tensor, tile_k: int, step: int) -> torch.Tensor:
+    """Chunk ``step`` of x for a call: the buffer itself when x streams in chunks, its slice when x is resident."""
+    return x if x.shape[-1] == tile_k else x[..., step * tile_k : (step + 1) * tile_k]
 
 
 def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], list[TensorSpec]]:

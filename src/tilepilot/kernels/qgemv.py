@@ -41,6 +41,7 @@ from tilepilot.kernels.gemv import (
     tensor_names,
     tile_fits,
     tile_k_choices,
+    x_chunk,
 )
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu import numerics as nx
@@ -87,9 +88,12 @@ class Config:
     block: int = 32
     rows: int = 1
     tile_m0: int = 0
+    x_rides: bool = False
 
     def tiling(self) -> Tiling:
-        return Tiling(self.cols, self.rows, self.tile_m, self.tile_k, self.depth, self.weight_channels, self.tile_m0)
+        return Tiling(
+            self.cols, self.rows, self.tile_m, self.tile_k, self.depth, self.weight_channels, self.tile_m0, self.x_rides
+        )
 
 
 def _err(message: str) -> DesignError:
@@ -101,11 +105,13 @@ def chunk_bytes(shape: Shape, tile_k: int) -> int:
 
 
 def l1_bytes(shape: Shape, config: Config) -> int:
-    """W byte chunk x depth, x chunk and y block double-buffered, decoded bf16 chunk, fp32 acc, stack (the larger
-    worker of an uneven split)."""
+    """W byte chunk x depth, x chunk and y block double-buffered, fp32 acc, stack (the larger worker of an uneven
+    split). No decoded copy of the chunk: the kernel decodes a block into vector registers and multiplies it there
+    (AIR's ``proj_qmm`` keeps only its 32-float accumulator beside the packed block), so L1 holds packed bytes."""
     tm, tk, m = max(config.tile_m, config.tile_m0), config.tile_k, shape.m
     w = config.depth * tm * chunk_bytes(shape, tk)
-    return w + 2 * (2 * m * tk + 2 * m * tm) + 2 * tm * tk + 4 * m * tm + CORE_STACK_BYTES
+    x = 2 * m * shape.k if config.x_rides else 2 * 2 * m * tk  # resident whole x, or a double-buffered chunk
+    return w + x + 2 * 2 * m * tm + 4 * m * tm + CORE_STACK_BYTES
 
 
 def _resolve(shape: Shape, config: Config, device: Device) -> Config:
@@ -127,8 +133,11 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.tile_m0:
         if config.weight_channels != 2 or config.cols < 2 or config.tile_m0 % 2 or config.tile_m % 2:
             raise _err("an uneven split feeds columns 1.. on both channels (weight_channels 2, cols >= 2, even tiles)")
+    elif config.x_rides:
+        if config.weight_channels != 2 or (config.rows * config.tile_m) % 2:
+            raise _err("a resident x rides a weight channel of a dual-channel feed (weight_channels 2, even tile_m)")
     elif config.weight_channels == 2 and (config.cols >= device.columns or (config.rows * config.tile_m) % 2):
-        raise _err("two weight channels per column need a free column's shim for x and an even tile_m")
+        raise _err("two weight channels per column need a free column's shim for x (or x_rides) and an even tile_m")
     if config.rows > 1 and config.rows % config.weight_channels:
         raise _err(f"{config.rows} compute rows do not share {config.weight_channels} weight channels evenly")
     if not 1 <= config.rows <= min(4, device.compute_rows):
@@ -151,6 +160,7 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
     def qmatvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         wq, x = ins
         (y,) = outs
+        x = x_chunk(x, tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
         w = dequantize_packed(wq, fmt, block).to(torch.bfloat16)  # decode in the tile, one bf16 rounding
         if ctx.first:
             ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
@@ -180,7 +190,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     kernels = {t: _kernel(shape, config, t) for t in {tm, config.tile_m0} if t}
 
     def local(rows: int) -> int:
-        return 4 * m * rows + 2 * rows * tk  # fp32 accumulator + the decoded bf16 chunk
+        return 4 * m * rows  # the fp32 accumulator (blocks are decoded in registers, l1_bytes)
 
     fifos, links, workers, rt = matvec_dataflow(shape, config.tiling(), stream, kernels.__getitem__, "qmv", local)
     inputs, outputs = matvec_tensors(shape, stream)
@@ -250,7 +260,8 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                 for tm in TILE_M_CHOICES:
                     for tk in ks:
                         for depth in (2, 1):
-                            cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows)
+                            rides = ch == 2 and cols == device.columns  # no free column for x: it rides
+                            cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows, x_rides=rides)
                             if fits(shape, cfg, device):
                                 out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
     for cfg in uneven_configs(shape, device, [t for t in tile_k_choices(shape.k) if t % shape.block == 0]):
@@ -295,7 +306,8 @@ def default_config(
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows)
+                rides = channels == 2 and c == device.columns  # no free column for x: it rides (Tiling.x_rides)
+                cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows, x_rides=rides)
                 if fits(shape, cfg, device):
                     return cfg
     raise _err(f"no quantized GEMV tiling fits {shape}")

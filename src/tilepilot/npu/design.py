@@ -202,6 +202,18 @@ class ObjectFifo:
     Several consumers = broadcast (every consumer sees every object). ``shim_placement`` is the shim tile
     serving this fifo's DDR end, if it has one (set by the placer when left ``None``). ``producer`` and
     ``consumers`` are optional declarations; the design derives the real endpoints from use.
+
+    ``rides_with``: another fifo filled from the same shim tile whose MM2S channel also carries this fifo's
+    transfers, packet-switched (each BD of a channel may carry its own packet ID, so one stream reaches
+    different destinations; AIR's fused decode routes its flows this way). It takes no channel of its own and
+    its bytes queue on the other fifo's channel. A small stream (a decode step's activation) can then share a
+    channel with a weight stream instead of idling a whole one.
+
+    ``role``: the buffer's role in a kernel that serves launches of several sizes. In a resident pass
+    (``npu/resident.py``) the worker-side buffers of one role, side and depth on one tile are one buffer set sized to
+    the largest, whatever the object size of each launch: AIR's fused decode runs every projection on one
+    ``proj_qmm`` role, its resident x buffer sized for the widest K. Without a role a buffer shares only with
+    buffers of its exact layout.
     """
 
     name: str
@@ -211,6 +223,8 @@ class ObjectFifo:
     producer: Endpoint | None = None
     consumers: tuple[Endpoint, ...] = ()
     shim_placement: Tile | None = None
+    rides_with: str | None = None
+    role: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "obj_shape", tuple(int(s) for s in self.obj_shape))

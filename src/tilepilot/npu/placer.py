@@ -68,6 +68,10 @@ class SequentialPlacer:
             shim_used[tile][0] += need[0]
             shim_used[tile][1] += need[1]
             fifos[i] = replace(f, shim_placement=tile)
+        hosts = {f.name: f.shim_placement for f in fifos}
+        for i, f in enumerate(fifos):
+            if f.rides_with and f.shim_placement is None:  # on the shim tile of the channel it rides
+                fifos[i] = replace(f, shim_placement=hosts.get(f.rides_with))
         return replace(placed, fifos=fifos)
 
     # --- helpers ----------------------------------------------------------------------------------------------------
@@ -83,6 +87,8 @@ class SequentialPlacer:
 
     @staticmethod
     def _shim_need(design: Design, f: ObjectFifo) -> tuple[int, int]:
+        if f.rides_with:  # its transfers queue on another fifo's channel (ObjectFifo.rides_with)
+            return (0, 0)
         return (int(SHIM in design.consumers(f.name)), int(SHIM in design.producers(f.name)))
 
     @staticmethod

@@ -57,9 +57,10 @@ def link_cost(design: Design, link: FifoLink) -> TileUse:
 
 def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
     """Per tile, what each part of a placed design claims, keyed by the part's *layout* (what it holds, not its
-    name): a core's stack, its locals, a fifo end's buffers (side, object bytes, depth), a link's storage, the shim
-    BDs of a task group. ``resource_use`` sums the claims; a resident pass (``npu/resident.py``) lets launches that
-    run one after another share a claim of the same layout (unplaced endpoints are skipped)."""
+    name): a core's stack, its locals, a fifo end's buffers (side, object bytes, depth; or side, role, depth for a
+    fifo with a ``role``), a link's storage, the shim BDs of a task group. ``resource_use`` sums the claims; a
+    resident pass (``npu/resident.py``) lets launches that run one after another share a claim of the same layout
+    (unplaced endpoints are skipped)."""
     claims: dict[Tile, list[tuple[tuple, TileUse]]] = defaultdict(list)
 
     def claim(tile: Tile, key: tuple, **kw: int) -> TileUse:
@@ -88,9 +89,10 @@ def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
                 if tile is None or end.kind not in ("worker", "shim"):
                     continue
                 if end.kind == "shim":
-                    claim(tile, ("shim", side, f.name), **{channel: 1})
+                    claim(tile, ("shim", side, f.name), **{channel: 0 if f.rides_with else 1})
                     continue
-                u = claim(tile, ("fifo", side, f.obj_bytes, f.depth), bds=f.depth, locks=LOCKS_PER_FIFO_END)
+                layout = ("role", side, f.role, f.depth) if f.role else ("fifo", side, f.obj_bytes, f.depth)
+                u = claim(tile, layout, bds=f.depth, locks=LOCKS_PER_FIFO_END)
                 setattr(u, channel, 1)
                 u.add_memory(f.buffer_bytes, f"fifo {f.name} {side} ({f.depth} x {f.obj_bytes} B)")
     for lk in design.links:

@@ -159,6 +159,7 @@ class _Fifo:
     depth: int
     shim: Tile | None
     shared: bool  # producer and consumer workers are neighbours sharing memory: no DMA
+    channel: str = ""  # the fifo whose shim channel carries its transfers (``ObjectFifo.rides_with``), else its own
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,10 @@ def structure(design: Design) -> Structure:
     return Structure(
         device=design.device,
         family=str(family) if family is not None else None,
-        fifos=tuple(_Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement, f.name in shared) for f in design.fifos),
+        fifos=tuple(
+            _Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement, f.name in shared, f.rides_with or f.name)
+            for f in design.fifos
+        ),
         links=tuple(design.links),
         workers=workers,
         tasks=tuple(tasks),
@@ -625,7 +629,8 @@ def _shim_limits(s: Structure, fifos: dict[str, _Fifo], dev: Device, bpc: float)
         scale = 1 if tile is not None else dev.columns
         fills, drains, _ = by_tile.setdefault(key, ({}, {}, scale))
         side = fills if t.kind == "fill" else drains
-        side[t.fifo] = side.get(t.fifo, 0.0) + t.nbytes / bpc
+        channel = fifos[t.fifo].channel or t.fifo  # a rider's bytes queue on its host's channel
+        side[channel] = side.get(channel, 0.0) + t.nbytes / bpc
     out = []
     for key, (fills, drains, scale) in by_tile.items():
         cyc = max(

@@ -34,7 +34,7 @@ import functools
 from dataclasses import dataclass
 
 from tilepilot.errors import TilepilotError
-from tilepilot.npu.design import SHIM, Design, MultiLaunchGroup, TensorAccessPattern, Tile
+from tilepilot.npu.design import SHIM, Design, MultiLaunchGroup, ObjectFifo, TensorAccessPattern, Tile
 from tilepilot.npu.design import dtype_bytes as _dtype_bytes
 from tilepilot.npu.device import Device
 from tilepilot.npu.placer import SequentialPlacer
@@ -73,6 +73,7 @@ CODES = (
     "L1_OVERFLOW",
     "L2_OVERFLOW",
     "DMA_CHANNELS",
+    "SHIM_CHANNEL_SHARE",  # a fifo rides a shim channel (ObjectFifo.rides_with) that is not a DDR fill on its shim
     "BD_LIMIT",
     "LOCK_LIMIT",
     "WORKER_PROGRAM",  # declarative summary the default program cannot run
@@ -508,6 +509,8 @@ def _placement(design: Design) -> list[Violation]:
     for f in design.fifos:
         if SHIM not in design.producers(f.name) + design.consumers(f.name):
             continue
+        if f.rides_with:
+            out += _rider_problems(design, f)
         if f.shim_placement is None:
             out.append(Violation("PLACEMENT_MISSING", None, f"fifo {f.name} has no shim tile for its DDR end"))
         elif not dev.is_shim(f.shim_placement):
@@ -520,6 +523,26 @@ def _placement(design: Design) -> list[Violation]:
                 )
             )
     return out
+
+
+def _rider_problems(design: Design, f: ObjectFifo) -> list[Violation]:
+    """A fifo riding another's shim channel (``ObjectFifo.rides_with``) needs a fifo filled from DDR on the same
+    shim tile that has a channel of its own, and must itself be filled from DDR (a packet-switched channel carries
+    one direction)."""
+    names = {g.name: g for g in design.fifos}
+    host = names.get(f.rides_with or "")
+    why = None
+    if host is None:
+        why = f"names no fifo of the design ({f.rides_with!r})"
+    elif host.rides_with:
+        why = f"rides {host.name}, which itself rides {host.rides_with}; name the fifo that owns the channel"
+    elif SHIM not in design.producers(f.name) or SHIM not in design.producers(host.name):
+        why = f"and {host.name} must both be filled from DDR to share an MM2S channel"
+    elif host.shim_placement != f.shim_placement:
+        why = f"is on shim {f.shim_placement} but {host.name}'s channel is on shim {host.shim_placement}"
+    if why is None:
+        return []
+    return [Violation("SHIM_CHANNEL_SHARE", f.shim_placement, f"fifo {f.name} rides a shim channel but {why}")]
 
 
 def _resources(design: Design) -> list[Violation]:

@@ -257,9 +257,13 @@ def fit_resident(
 
 # Where the search starts: the plan's own configs; each launch's fastest legal candidate on its own (what a
 # per-launch tuner would pick); one config for all launches of a family (the candidate of its slowest launch that
-# costs the family least per token), so their buffers share one layout as AIR's one projection role does. Greedy
-# repair is path-dependent; the fastest legal result is kept.
-STARTS = ("the plan's configs", "each launch's fastest config", "one config per family")
+# costs the family least per token), so their buffers share one layout as AIR's one projection role does; that,
+# with every other family on at most half the columns (its fastest such candidate), so the family that costs most
+# keeps the whole array and the launches beside it get whole columns of their own (AIR's fused decode gives its
+# projection role most cores and the small roles a few). Greedy repair is path-dependent (a change is judged where
+# the launch sits, so it never finds room it would have to move to); the fastest legal result is kept.
+STARTS = ("the plan's configs", "each launch's fastest config", "one config per family",
+          "one config per family, the rest on half the columns")  # fmt: skip
 
 
 def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) -> list[str]:
@@ -267,6 +271,8 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
         return []
     if start == STARTS[2]:
         return _one_per_family(slots, built, device, keep)
+    if start == STARTS[3]:
+        return _one_per_family(slots, built, device, keep) + _rest_on_half(slots, built, device, keep)
     notes = []
     for s in slots:
         cur = built.get(s.call.family, s.shape(s.call.config), s.call.config)
@@ -280,6 +286,41 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
                 best = (got.seconds, cd)
         if best is not None and best[1] != s.call.config:
             notes.append(f"{s.call.op}: start at {best[1]}")
+            s.call.config = dict(best[1])
+    return notes
+
+
+def _columns(built: _Built, device: Device) -> int:
+    """Columns whose compute tiles a launch uses."""
+    return len({t.col for d in built.designs for t in tiles_of(d) if device.kind(t) == "compute"})
+
+
+def _rest_on_half(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) -> list[str]:
+    """Every launch outside the family that costs most per token moved to its fastest candidate on at most half the
+    columns (see ``STARTS``)."""
+    cost: dict[str, float] = {}
+    for s in slots:
+        got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+        cost[s.call.family] = cost.get(s.call.family, 0.0) + (got.seconds * s.per_token if got else 0.0)
+    heaviest = max(cost, key=lambda f: (cost[f], f))
+    notes = []
+    for s in slots:
+        if s.call.family == heaviest:
+            continue
+        now = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+        if now is not None and _columns(now, device) <= device.columns // 2:
+            continue
+        best: tuple[float, dict[str, Any]] | None = None
+        for cfg in _candidates(s.call.family, s.shape(s.call.config), device):
+            cd = asdict(cfg)
+            if keep.refuses(s, cd):
+                continue
+            got = built.get(s.call.family, s.shape(cd), cd)
+            narrow = got is not None and _columns(got, device) <= device.columns // 2
+            if narrow and (best is None or got.seconds < best[0]):
+                best = (got.seconds, cd)
+        if best is not None:
+            notes.append(f"{s.call.op}: start on half the columns at {best[1]}")
             s.call.config = dict(best[1])
     return notes
 
