@@ -9,10 +9,11 @@ import torch
 from kernel_checks import kernel_gate, rand_bf16
 
 from tilepilot.kernels import gemv, qgemv
+from tilepilot.kernels.tuning import tune
 from tilepilot.model.quant import quantize
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.device import npu2
-from tilepilot.npu.execute import run_fast, run_tile
+from tilepilot.npu.execute import ExecutionError, run_fast, run_tile
 from tilepilot.npu.timing import compute_cycles_per_call, time_dispatch
 from tilepilot.npu.trace import launch_layout
 from tilepilot.npu.validate import DesignError, validate
@@ -223,11 +224,31 @@ def test_a_resident_x_rides_a_weight_channel_so_every_column_feeds_two():
         assert "SHIM_CHANNEL_SHARE" in codes
     with pytest.raises(DesignError, match="dual-channel"):
         qgemv.make_design(shape, replace(config, weight_channels=1))
+    with pytest.raises(DesignError, match="uneven"):
+        qgemv.make_design(shape, replace(config, tile_m0=2))
+    # the timing model queues x's bytes on its host's channel: column 0's shim is that much busier
+    limits = dict(time_dispatch(design).designs[0].limits)
+    host_bytes = design.runtime.moved_elements("fill", "w_0_0")
+    x_bytes = 2 * shape.m * shape.k
+    assert limits["shim (0,0)"] / limits["shim (1,0)"] == pytest.approx((host_bytes + x_bytes) / host_bytes)
+
+
+def test_a_riding_x_queued_behind_the_weights_deadlocks_as_on_the_array():
+    """One shim channel runs its transfers in order: x must be sent before the weights queued behind it, which the
+    design does; the same design with x moved behind them stalls in the executor (every worker waits for x)."""
+    shape = qgemv.Shape(256, 128, 1, "q4_0", 32)
+    design = qgemv.make_design(shape, qgemv.Config(8, 4, 64, 2, 2, "q4_0", rows=1, x_rides=True))
+    ins = {"x": rand_bf16(1, 128, seed=5), "w": quantize(rand_bf16(256, 128, seed=6, scale=0.05), "q4_0", 32).data}
+    run_tile(design, ins)  # as built: runs
+    tasks = design.runtime.tasks
+    late = [t for t in tasks if t.fifo != "x"] + [t for t in tasks if t.fifo == "x"]
+    with pytest.raises(ExecutionError, match="DEADLOCK|stalls"):
+        run_tile(replace(design, runtime=replace(design.runtime, tasks=late)), ins)
 
 
 def test_the_tuner_takes_the_riding_x_where_the_shim_binds():
     """Llama-3.2-1B's up projection on 8 channels is bound by them; on 16 it reaches the DDR bound and is faster
-    (modeled, one timing model), and the tuner's candidates include it."""
+    (modeled, one timing model), and the tuner takes it."""
     shape = qgemv.Shape(8192, 2048, 1, "q4_0", 32)
     one = qgemv.make_design(shape, qgemv.Config(8, 4, 256, 2, 1, "q4_0", rows=4))
     two = qgemv.make_design(shape, qgemv.Config(8, 4, 256, 2, 2, "q4_0", rows=4, x_rides=True))
@@ -235,4 +256,4 @@ def test_the_tuner_takes_the_riding_x_where_the_shim_binds():
     t_one, t_two = time_dispatch(one), time_dispatch(two)
     assert t_one.designs[0].limiter.startswith("shim") and t_two.designs[0].limiter == "ddr"
     assert t_two.seconds < t_one.seconds
-    assert any(c.x_rides for c in qgemv.candidate_configs(shape))
+    assert tune("qgemv", shape).config.x_rides

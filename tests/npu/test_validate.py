@@ -96,10 +96,17 @@ def test_a_fifo_riding_another_shim_channel_takes_none_and_must_ride_a_fill_on_i
     alone = check(stream(3))
     mm2s = sum(u.mm2s for t, u in resource_use(placed).items() if t.row == 0)
     assert mm2s == sum(u.mm2s for t, u in resource_use(alone).items() if t.row == 0) - 1
-    for bad in ("y0", "nope", "x1"):
+    for rider, host in (("x1", "y0"), ("x1", "nope"), ("x1", "x1"), ("y1", "x0")):  # a drain, unknown, itself
         d = stream(3)
-        d.fifos = [replace(f, rides_with=bad) if f.name in ("x1", "x2") else f for f in d.fifos]
-        assert "SHIM_CHANNEL_SHARE" in codes(d), bad
+        d.fifos = [replace(f, rides_with=host) if f.name == rider else f for f in d.fifos]
+        assert "SHIM_CHANNEL_SHARE" in codes(d), (rider, host)
+    d = stream(3)  # a rider of a rider
+    d.fifos = [replace(f, rides_with={"x1": "x0", "x2": "x1"}.get(f.name)) for f in d.fifos]
+    assert "SHIM_CHANNEL_SHARE" in codes(d)
+    d = stream(2)  # no DDR end at all: a worker-to-worker fifo
+    d.fifos.append(ObjectFifo("mid", (64,), rides_with="x0"))
+    d.workers = [replace(d.workers[0], outputs=("y0", "mid")), replace(d.workers[1], inputs=("x1", "mid"))]
+    assert "SHIM_CHANNEL_SHARE" in codes(d)
     moved = [replace(f, shim_placement=Tile(5, 0)) if f.name == "x1" else f for f in placed.fifos]
     assert "SHIM_CHANNEL_SHARE" in codes(replace(placed, fifos=[replace(f, rides_with="x0") if f.name == "x1" else f
                                                                   for f in moved]))  # fmt: skip

@@ -3,6 +3,7 @@ beside)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -31,6 +32,23 @@ def test_iron_like_is_slower_than_paper_like_for_llama_1b(llama_1b, library):
     assert 0.01 < paper.decode_s_per_token < 1
     # preloaded weights are paid once at load, not per token
     assert paper.load_s > 0 and iron.load_s == 0
+
+
+def test_iron_like_prefill_attention_computes_every_key_block(llama_1b, library):
+    """IRON's fused MHA skips no causally masked block (amd/IRON mha/design.py: the key-block loop runs over every
+    block of every query block), so the iron-like plan's prefill attention does about twice the work of the
+    family's causal-skipping default at 2048 tokens, and its modeled time follows."""
+    plan = iron_like_plan(llama_1b)
+    (call,) = [c for g in plan.prefill.groups() for c in g.calls if c.family == "attention"]
+    assert call.config == {"skip_masked": False}
+    skipping = copy.deepcopy(plan)
+    for g in skipping.prefill.groups():
+        for c in g.calls:
+            if c.family == "attention":
+                c.config = {}
+    every = time_plan(plan, llama_1b, 2048, library=library).group("prefill", "attention")
+    causal = time_plan(skipping, llama_1b, 2048, library=library).group("prefill", "attention")
+    assert 1.7 < every.dispatch_s / causal.dispatch_s < 2.1
 
 
 def test_timing_dispatches_match_the_plan(tiny_spec, library):

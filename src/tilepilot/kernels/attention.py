@@ -1005,3 +1005,9 @@ def default_config(shape: Shape, device: Device | None = None) -> Config:
     if not cands:
         raise shape_error(FAMILY, f"no attention tiling fits {shape}; head_dim must be a multiple of {MMUL_KN}")
     return cands[0]
+
+
+def complete_config(shape: Shape, partial: dict, device: Device | None = None) -> Config:
+    """A plan's config that names only some fields (e.g. ``skip_masked``: how a baseline's kernel treats masked
+    blocks) completed by the default tiling for the shape, so one plan serves any prompt length and model."""
+    return replace(default_config(shape, device), **partial)

@@ -32,13 +32,18 @@ Args = dict[str, Any]
 
 
 def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
-    """The family's Config from a plan's config dict; an empty dict means the family default for the shape."""
+    """The family's Config from a plan's config dict; an empty dict means the family default for the shape, and a
+    partial one, for a family with ``complete_config``, that default with the named fields replaced (others take
+    the Config's own defaults for the fields not named)."""
     if not config:
         return module.default_config(shape, device) if device is not None else module.default_config(shape)
     known = {f.name for f in fields(module.Config)}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ConfigError(f"{module.FAMILY} config has unknown keys {unknown}; known keys are {sorted(known)}")
+    complete = getattr(module, "complete_config", None)  # a family whose partial config completes for the shape
+    if complete is not None and set(config) < known:
+        return complete(shape, config, device) if device is not None else complete(shape, config)
     return module.Config(**config)
 
 

@@ -130,6 +130,8 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"shape {shape} is not a GEMV (1..{MAX_TOKENS} tokens, non-empty)")
     if config.weight_channels not in (1, 2):
         raise _err(f"weight_channels must be 1 or 2, got {config.weight_channels}")
+    if config.tile_m0 and config.x_rides:
+        raise _err("an uneven split keeps x on column 0's second channel; it cannot also ride a weight channel")
     if config.tile_m0:
         if config.weight_channels != 2 or config.cols < 2 or config.tile_m0 % 2 or config.tile_m % 2:
             raise _err("an uneven split feeds columns 1.. on both channels (weight_channels 2, cols >= 2, even tiles)")

@@ -212,8 +212,9 @@ class ObjectFifo:
     ``role``: the buffer's role in a kernel that serves launches of several sizes. In a resident pass
     (``npu/resident.py``) the worker-side buffers of one role, side and depth on one tile are one buffer set sized to
     the largest, whatever the object size of each launch: AIR's fused decode runs every projection on one
-    ``proj_qmm`` role, its resident x buffer sized for the widest K. Without a role a buffer shares only with
-    buffers of its exact layout.
+    ``proj_qmm`` role, its resident x buffer sized for the widest K. The buffer and its locks are shared; each
+    distinct object size keeps its own buffer descriptors (a tile's descriptors are fixed when the array is
+    configured, one transfer length each). Without a role a buffer shares only with buffers of its exact layout.
     """
 
     name: str

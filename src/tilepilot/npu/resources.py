@@ -91,8 +91,11 @@ def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
                 if end.kind == "shim":
                     claim(tile, ("shim", side, f.name), **{channel: 0 if f.rides_with else 1})
                     continue
-                layout = ("role", side, f.role, f.depth) if f.role else ("fifo", side, f.obj_bytes, f.depth)
-                u = claim(tile, layout, bds=f.depth, locks=LOCKS_PER_FIFO_END)
+                if f.role:  # buffers and locks shared by the role; a descriptor per transfer size (ObjectFifo.role)
+                    u = claim(tile, ("role", side, f.role, f.depth), locks=LOCKS_PER_FIFO_END)
+                    claim(tile, ("role bds", side, f.role, f.depth, f.obj_bytes), bds=f.depth)
+                else:
+                    u = claim(tile, ("fifo", side, f.obj_bytes, f.depth), bds=f.depth, locks=LOCKS_PER_FIFO_END)
                 setattr(u, channel, 1)
                 u.add_memory(f.buffer_bytes, f"fifo {f.name} {side} ({f.depth} x {f.obj_bytes} B)")
     for lk in design.links:

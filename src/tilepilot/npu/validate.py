@@ -508,6 +508,9 @@ def _placement(design: Design) -> list[Violation]:
             )
     for f in design.fifos:
         if SHIM not in design.producers(f.name) + design.consumers(f.name):
+            if f.rides_with:
+                msg = f"fifo {f.name} rides {f.rides_with}'s shim channel but has no DDR end; drop rides_with"
+                out.append(Violation("SHIM_CHANNEL_SHARE", None, msg))
             continue
         if f.rides_with:
             out += _rider_problems(design, f)

@@ -302,6 +302,8 @@ def _rest_on_half(slots: list[_Slot], built: _Designs, device: Device, keep: _Ru
     for s in slots:
         got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
         cost[s.call.family] = cost.get(s.call.family, 0.0) + (got.seconds * s.per_token if got else 0.0)
+    if not cost:
+        return []
     heaviest = max(cost, key=lambda f: (cost[f], f))
     notes = []
     for s in slots:
