@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tilepilot.errors import TilepilotError
+from tilepilot.errors import ConfigError, TilepilotError
 from tilepilot.kernels.bind import MergedLinear, binding, make_config
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import OpNode, block_graph
@@ -217,13 +217,14 @@ def fit_resident(
     max_steps: int = MAX_STEPS,
     keep: tuple[str, ...] = (),
     allowed: Callable[[str, dict[str, Any]], bool] | None = None,
+    starts: tuple[str, ...] | None = None,
 ) -> tuple[DeploymentPlan, list[str]]:
     """A copy of ``plan`` whose one-dispatch decode is resident, with the configs changed that had to be (one note
     per change); DesignError with the packing's violations when no such configs are found. ``context``: the KV
     readback the attention launches are packed at (their footprint does not grow with it). ``keep``: config keys a
     replacement must keep where the current config sets them (e.g. a plan that stands for a given weight feed).
     ``allowed(op, config)``: False refuses a replacement (a caller's check the plan layer cannot make, e.g. the
-    group bindings of ``harness.probes.group_checks``)."""
+    group bindings of ``harness.probes.group_checks``). ``starts``: which of ``STARTS`` to search from (all)."""
     spec = spec or plan.model_spec()
     device = device or npu2()
     if not plan.decode.one_dispatch:
@@ -232,7 +233,10 @@ def fit_resident(
     rules = _Rules(keep, allowed)
     found: list[tuple[float, int, DeploymentPlan, list[str]]] = []
     failed: list[DesignError] = []
-    for n, start in enumerate(STARTS):
+    unknown = sorted(set(starts or ()) - set(STARTS))
+    if unknown:
+        raise ConfigError(f"unknown resident search starts {unknown}; choose from {list(STARTS)}")
+    for n, start in enumerate(starts or STARTS):
         new = copy.deepcopy(plan)
         new.decode.resident = True
         slots = _slots(new, spec, context)

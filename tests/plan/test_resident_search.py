@@ -1,0 +1,43 @@
+"""fit_resident's starts: the costliest family keeps the whole array, the others get whole columns of their own."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tilepilot.model.quant import WeightFormat
+from tilepilot.plan import resident
+from tilepilot.plan.air_q4 import fused_stage, window_ladder
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.merge import merged_stage
+from tilepilot.plan.plan import with_weights
+from tilepilot.runtime.timing import time_plan
+
+
+def _one_dispatch_q4(spec):
+    """Llama-3.2-1B's decode at q4_0 with a packed head as the decode skills leave it before ``resident-decode``."""
+    plan = with_weights(paper_like_plan(spec), WeightFormat("q4_0", bf16_tensors=("embed",)), packed_prefill=False)
+    plan.host = replace(plan.host, handoff="device")
+    plan = fused_stage(plan)
+    plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
+    return merged_stage(plan) or plan
+
+
+def _configs(plan, fam):
+    return [c.config for g in plan.decode.groups() for c in g.calls if c.family == fam and "cols" in c.config]
+
+
+def test_the_projections_keep_every_column_and_attention_moves_to_half(llama_1b):
+    """Quantized GEMVs on all 8 columns with x riding a weight channel (16 weight channels) leave each tile 4 locks,
+    too few for a small kernel beside attention on every tile; the start that gives attention half the columns is
+    the only one that packs them, and the pass it finds is faster than the best of the other starts (same model,
+    same run)."""
+    plan = _one_dispatch_q4(llama_1b)
+    found, notes = resident.fit_resident(plan, llama_1b)
+    assert notes[0].startswith(f"search from {resident.STARTS[3]}:")
+    assert all(c["cols"] == 8 and c["x_rides"] for c in _configs(found, "qgemv"))
+    assert [c["cols"] for c in _configs(found, "attention")] == [4]
+    without, _ = resident.fit_resident(plan, llama_1b, starts=resident.STARTS[:3])
+    assert not all(c["cols"] == 8 and c["x_rides"] for c in _configs(without, "qgemv"))
+    fast = time_plan(found, llama_1b, 2048).decode_s_per_token
+    slow = time_plan(without, llama_1b, 2048).decode_s_per_token
+    assert fast < 0.9 * slow
