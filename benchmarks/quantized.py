@@ -51,6 +51,7 @@ from tilepilot.plan.merge import merged_stage
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.plan.resident import fit_resident
 from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.eta import decode_streamed_bytes
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
 from tilepilot.runtime.timing import time_plan
 
@@ -141,23 +142,6 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     return resident
 
 
-def decode_weight_bytes(spec: ModelSpec, wf: WeightFormat) -> int:
-    """Bytes of weights one decode step streams: layer projections in the format (bf16 where it keeps them), norms
-    in bf16, the LM head packed when the format packs it, else bf16."""
-    total = 0.0
-    names = {w for n in block_graph(spec).block for w in n.weights}
-    for name in names:
-        n = 1
-        for d in weight_shape(spec, name):
-            n *= d
-        bits = bits_per_weight(wf.format, wf.block) if wf.packs(name) else 16.0
-        total += n * bits / 8
-    total *= spec.n_layers
-    head_bits = bits_per_weight(wf.format, wf.block) if wf.packs_head else 16.0
-    total += spec.vocab * spec.hidden * head_bits / 8 + 2 * spec.hidden  # LM head + final norm
-    return int(total)
-
-
 def time_model(name: str, spec: ModelSpec, prompt_len: int) -> dict[str, Any]:
     lib = KernelLibrary()
     rows: list[dict[str, Any]] = []
@@ -173,7 +157,7 @@ def time_model(name: str, spec: ModelSpec, prompt_len: int) -> dict[str, Any]:
         switched = time_plan(sw, spec, prompt_len=prompt_len, library=lib)
         time_plan(plan, spec, prompt_len=prompt_len, library=lib)  # its one decode dispatch is the newest one
         one = lib.timed_dispatches(one_dispatch_name("decode"))[-1]
-        wbytes = decode_weight_bytes(spec, fmt)
+        wbytes = decode_streamed_bytes(spec, fmt)
         bound = CALIBRATION.ddr_bytes_per_s / wbytes
         rows.append(
             {

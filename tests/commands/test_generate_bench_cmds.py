@@ -7,7 +7,9 @@ import json
 import pytest
 
 from tilepilot.cli import main
-from tilepilot.runtime.workspace import make_workspace
+from tilepilot.npu.calibration import CALIBRATION
+from tilepilot.runtime.eta import decode_streamed_bytes
+from tilepilot.runtime.workspace import load_workspace, make_workspace
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +83,16 @@ def test_bench_states_same_model_speedups_and_no_silicon_claim_for_a_reduced_mod
     assert c["speedup_over_paper_like"] == {"ttft": 1.0, "decode": 1.0}
     assert c["speedup_over_iron_like"]["ttft"] > 1 and c["speedup_over_iron_like"]["decode"] > 1
     assert c["model_error_vs_silicon"] is None  # 2 layers at 256 tokens: nothing published to compare with
+
+
+def test_bench_states_the_plans_weight_streaming_bound(workspace, capsys):
+    """The bound is the plan's decode weights per token over the model's DDR rate, computed apart from the timing of
+    any launch; every launch is bounded by its own DDR bytes, so no plan may reach more than all of it."""
+    rc = main(["bench", str(workspace), "--prompt-len", "256", "--decode-tokens", "1", "--json"])
+    assert rc == 0
+    m = json.loads(capsys.readouterr().out)["modeled"]
+    ws = load_workspace(workspace)
+    bytes_per_token = decode_streamed_bytes(ws.spec, ws.plan.weight_format())
+    assert m["weight_streaming_bound_tok_s"] == pytest.approx(CALIBRATION.ddr_bytes_per_s / bytes_per_token)
+    assert m["decode_of_bound"] == pytest.approx(m["decode_tok_s"] / m["weight_streaming_bound_tok_s"])
+    assert 0 < m["decode_of_bound"] < 1

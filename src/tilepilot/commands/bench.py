@@ -32,6 +32,7 @@ from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.trace import Trace, library_layouts
 from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan
 from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.eta import weight_streaming_bound_tok_s
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import same_model_claims, time_plan
 from tilepilot.runtime.workspace import is_workspace, load_workspace
@@ -118,6 +119,7 @@ def bench(
         _published(spec.name, prompt_len, full),
     )
     claims["baselines_modeled"] = fig
+    bound = weight_streaming_bound_tok_s(spec, plan.weight_format(), library.cal.ddr_bytes_per_s)
     run_len = min(prompt_len, run_prompt_len or 32)
     try:
         tokenizer = Tokenizer.from_dir(model_dir)
@@ -141,6 +143,9 @@ def bench(
             "decode_ms_per_token": modeled.decode_s_per_token * 1e3,
             "decode_tok_s": modeled.decode_tok_s,
             "decode_context_len": modeled.context_len,
+            # the plan's decode weights per token at the model's usable DDR rate: no plan of this model is faster
+            "weight_streaming_bound_tok_s": bound,
+            "decode_of_bound": modeled.decode_tok_s / bound,
             "weights_preload_s": modeled.load_s,
             "dispatches_per_token": dict(modeled.dispatches),
             "dispatches_per_layer": {s: plan.dispatches_per_layer(s) for s in ("prefill", "decode")},
@@ -193,6 +198,11 @@ def _print(res: dict[str, Any]) -> None:
     top.add_row(f"TTFT @ {m['prompt_len']} tokens", f"{m['ttft_s'] * 1e3:,.1f} ms", "modeled")
     top.add_row(f"decode @ context {m['decode_context_len']}", f"{m['decode_ms_per_token']:,.2f} ms/token", "modeled")
     top.add_row("decode throughput", f"{m['decode_tok_s']:,.2f} tok/s", "modeled")
+    top.add_row(
+        "decode weight-streaming bound (weights per token / DDR rate)",
+        f"{m['weight_streaming_bound_tok_s']:,.2f} tok/s; plan at {100 * m['decode_of_bound']:.0f} %",
+        "modeled",
+    )
     d = m["dispatches_per_token"]
     top.add_row("dispatches per token", f"{d['prefill']} prefill / {d['decode']} decode", "plan")
     dl = m["dispatches_per_layer"]

@@ -40,6 +40,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tilepilot.model.graph import block_graph, weight_shape
+from tilepilot.model.quant import WeightFormat, bits_per_weight
 from tilepilot.model.spec import ModelSpec
 
 # The deployment every eta_scale is relative to (DESIGN.md section 6), and the prompt length of its TTFT.
@@ -79,6 +81,26 @@ def decode_weight_bytes(spec: ModelSpec, bytes_per_value: int = 2) -> int:
     layer_values = sum(_prod(s) for i in range(spec.n_layers) for s in spec.layer_tensor_shapes(i).values())
     values = layer_values + spec.hidden + spec.vocab * spec.hidden + spec.hidden
     return values * bytes_per_value
+
+
+def decode_streamed_bytes(spec: ModelSpec, fmt: WeightFormat) -> int:
+    """Bytes of weights one decode step streams as deployed in ``fmt``: the layer projections in the format (bf16
+    where it keeps them), norms in bf16, the LM head packed when the format packs it, else bf16, and the final norm.
+    Over the usable DDR bandwidth this is the plan's weight-streaming bound (``weight_streaming_bound_tok_s``)."""
+    total = 0.0
+    for name in {w for n in block_graph(spec).block for w in n.weights}:
+        bits = bits_per_weight(fmt.format, fmt.block) if fmt.packs(name) else 16.0
+        total += math.prod(weight_shape(spec, name)) * bits / 8
+    total *= spec.n_layers
+    head_bits = bits_per_weight(fmt.format, fmt.block) if fmt.packs_head else 16.0
+    total += spec.vocab * spec.hidden * head_bits / 8 + 2 * spec.hidden  # LM head + final norm
+    return int(total)
+
+
+def weight_streaming_bound_tok_s(spec: ModelSpec, fmt: WeightFormat, ddr_bytes_per_s: float) -> float:
+    """Decode tokens per second if a step did nothing but stream its weights at ``ddr_bytes_per_s``: no plan timed
+    by the same model can be faster, so a plan's decode over it says how much of the step is not weight streaming."""
+    return ddr_bytes_per_s / decode_streamed_bytes(spec, fmt)
 
 
 @dataclass(frozen=True)
