@@ -216,7 +216,8 @@ def render(data: dict[str, Any]) -> str:
         "quantized prefill as packed `qgemm` or bf16 GEMMs over dequantized weights, whichever is faster. "
         "`switched` = the same structure before `resident-decode` (a design switch per launch), same run. "
         "**air-q4** = the built-in plan of AIR's Q4NX deployment (q4_1, 2 weight channels, 4 compute rows). "
-        "Embeddings and the LM head stay bf16 in every quantized plan.",
+        "Embeddings stay bf16 in every quantized plan, and so does the LM head except in the `+head` rows, which pack "
+        "it like the layers (as AIR's Q4NX deployment does).",
         "",
         "Quantization error (trained SmolLM2-135M only; `harness/quant_quality.py`, measured on the host, not a gate): "
         "teacher-forced KL(original || deployment) mean and top-1 agreement over the shipped real text, the "
