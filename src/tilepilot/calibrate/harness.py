@@ -273,40 +273,45 @@ class KernelRow:
     published: float
     build: Callable[[], Design | MultiLaunchGroup] | None
     note: str = ""
-    obj: Design | MultiLaunchGroup | None = None
-    _profile: GroupProfile | None = None
     # further dispatches the measurement includes, each single-shot (a fused-cast GEMM row's cast launch)
     build_single_shot: Callable[[], list[Design]] | None = None
-    single_shot: list[Design] | None = None
-    _single_shot_profiles: tuple[GroupProfile, ...] | None = None
+    # what the row's dispatches are and what the timing model reads of them, built once on first use: the main
+    # dispatch (None when the row is not expressible) and the single-shot ones, then their profiles
+    _built: tuple[Design | MultiLaunchGroup | None, list[Design]] | None = None
+    _profiles: tuple[GroupProfile | None, tuple[GroupProfile, ...]] | None = None
+
+    def _dispatches(self) -> tuple[Design | MultiLaunchGroup | None, list[Design]]:
+        if self._built is None:
+            main = self.build() if self.build is not None else None
+            self._built = (main, self.build_single_shot() if self.build_single_shot is not None else [])
+        return self._built
 
     def design(self) -> Design | MultiLaunchGroup | None:
-        if self.obj is None and self.build is not None:
-            self.obj = self.build()
-        return self.obj
+        return self._dispatches()[0]
 
     def single_shot_dispatches(self) -> list[Design]:
-        if self.single_shot is None:
-            self.single_shot = self.build_single_shot() if self.build_single_shot is not None else []
-        return self.single_shot
+        return self._dispatches()[1]
 
     def families(self) -> set[str]:
         """Kernel families of the row's launches (a fused-cast GEMM row also has its cast's eltwise launch)."""
         found = _families_in(self.design()).union(*(_families_in(d) for d in self.single_shot_dispatches()))
         return found - {"None"}
 
+    def _profiled(self) -> tuple[GroupProfile | None, tuple[GroupProfile, ...]]:
+        """The row's dispatches reduced to what the timing model reads: built once, timed under any calibration."""
+        if self._profiles is None:
+            main, extra = self._dispatches()
+            self._profiles = (group_profile(main) if main is not None else None, tuple(map(group_profile, extra)))
+        return self._profiles
+
     def profile(self) -> GroupProfile | None:
-        """The row's dispatch reduced to what the timing model reads: built once, timed under any calibration."""
-        if self._profile is None and self.design() is not None:
-            self._profile = group_profile(self.obj)
-        return self._profile
+        return self._profiled()[0]
 
     def seconds(self, cal: Calibration) -> float:
         """The row's modeled time: its dispatch, then each single-shot dispatch at its extra host cost."""
-        if self._single_shot_profiles is None:
-            self._single_shot_profiles = tuple(group_profile(d) for d in self.single_shot_dispatches())
-        t = time_group_profile(self.profile(), cal, detail=False).seconds
-        for gp in self._single_shot_profiles:
+        main, extra = self._profiled()
+        t = time_group_profile(main, cal, detail=False).seconds
+        for gp in extra:
             t += time_group_profile(gp, cal, detail=False).seconds + SINGLE_SHOT_EXTRA_S
         return t
 
