@@ -96,6 +96,12 @@ class Config:
         )
 
 
+def x_must_ride(cols: int, channels: int, device: Device) -> bool:
+    """Whether x must ride a weight channel (``Tiling.x_rides``): a dual-channel feed on every column leaves no
+    free column's shim for it."""
+    return channels == 2 and cols == device.columns
+
+
 def _err(message: str) -> DesignError:
     return DesignError([Violation("SHAPE_NOT_TILING", None, message)], FAMILY)
 
@@ -262,7 +268,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                 for tm in TILE_M_CHOICES:
                     for tk in ks:
                         for depth in (2, 1):
-                            rides = ch == 2 and cols == device.columns  # no free column for x: it rides
+                            rides = x_must_ride(cols, ch, device)
                             cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows, x_rides=rides)
                             if fits(shape, cfg, device):
                                 out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
@@ -308,7 +314,7 @@ def default_config(
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                rides = channels == 2 and c == device.columns  # no free column for x: it rides (Tiling.x_rides)
+                rides = x_must_ride(c, channels, device)
                 cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows, x_rides=rides)
                 if fits(shape, cfg, device):
                     return cfg

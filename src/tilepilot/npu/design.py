@@ -227,6 +227,11 @@ class ObjectFifo:
     rides_with: str | None = None
     role: str | None = None
 
+    @property
+    def channel(self) -> str:
+        """The fifo whose shim channel carries this fifo's DDR transfers: the one it rides, else itself."""
+        return self.rides_with or self.name
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "obj_shape", tuple(int(s) for s in self.obj_shape))
         object.__setattr__(self, "consumers", tuple(self.consumers))

@@ -210,7 +210,6 @@ class _Machine:
     def __init__(self, design: Design, inputs: dict[str, torch.Tensor]) -> None:
         self.design = design
         self.fifos = {f.name: f for f in design.fifos}
-        self.channel = {f.name: f.rides_with or f.name for f in design.fifos}  # the shim channel a fifo's tasks use
         self.ddr: dict[str, torch.Tensor] = {k: v.reshape(-1).clone() for k, v in inputs.items()}
         for spec in design.outputs:
             dt = torch_dtype(spec.dtype)
@@ -306,7 +305,7 @@ class _Machine:
             # a rider queued behind the transfers its consumers need after it deadlocks here as on the array
             queues: dict[tuple[str, str], list[_Proc]] = {}
             for t in group:
-                queues.setdefault((t.kind, self.channel[t.fifo]), []).append(self.task_proc(t))
+                queues.setdefault((t.kind, self.fifos[t.fifo].channel), []).append(self.task_proc(t))
             while any(queues.values()):
                 active = [q[0] for q in queues.values() if q]
                 progress = False

@@ -159,7 +159,7 @@ class _Fifo:
     depth: int
     shim: Tile | None
     shared: bool  # producer and consumer workers are neighbours sharing memory: no DMA
-    channel: str = ""  # the fifo whose shim channel carries its transfers (``ObjectFifo.rides_with``), else its own
+    channel: str  # the fifo whose shim channel carries its transfers (``ObjectFifo.channel``)
 
 
 @dataclass(frozen=True)
@@ -236,8 +236,7 @@ def structure(design: Design) -> Structure:
         device=design.device,
         family=str(family) if family is not None else None,
         fifos=tuple(
-            _Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement, f.name in shared, f.rides_with or f.name)
-            for f in design.fifos
+            _Fifo(f.name, f.obj_bytes, f.depth, f.shim_placement, f.name in shared, f.channel) for f in design.fifos
         ),
         links=tuple(design.links),
         workers=workers,
@@ -629,7 +628,7 @@ def _shim_limits(s: Structure, fifos: dict[str, _Fifo], dev: Device, bpc: float)
         scale = 1 if tile is not None else dev.columns
         fills, drains, _ = by_tile.setdefault(key, ({}, {}, scale))
         side = fills if t.kind == "fill" else drains
-        channel = fifos[t.fifo].channel or t.fifo  # a rider's bytes queue on its host's channel
+        channel = fifos[t.fifo].channel  # a rider's bytes queue on its host's channel
         side[channel] = side.get(channel, 0.0) + t.nbytes / bpc
     out = []
     for key, (fills, drains, scale) in by_tile.items():

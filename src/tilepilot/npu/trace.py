@@ -165,10 +165,10 @@ def launch_layout(design: Design) -> LaunchLayout:
         through = max(sum(fifo_bytes.get(f, 0) for f in lk.srcs), sum(fifo_bytes.get(f, 0) for f in lk.dsts))
         mem[col] = mem.get(col, 0) + through
     shim_of = {f.name: f.shim_placement for f in design.fifos}
-    rides = {f.name: f.rides_with for f in design.fifos if f.rides_with}
-    on_channel: dict[tuple[str, str], int] = {}  # a rider's bytes go on its host's channel (ObjectFifo.rides_with)
+    channel_of = {f.name: f.channel for f in design.fifos}
+    on_channel: dict[tuple[str, str], int] = {}  # a rider's bytes go on its host's channel (ObjectFifo.channel)
     for (kind, fifo), n in task_bytes.items():
-        key = (kind, rides.get(fifo, fifo))
+        key = (kind, channel_of.get(fifo, fifo))
         on_channel[key] = on_channel.get(key, 0) + n
     load: dict[tuple[int, str, int], int] = {}
     for (kind, fifo), n in sorted(on_channel.items(), key=lambda kv: (-kv[1], kv[0])):
