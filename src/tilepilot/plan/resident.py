@@ -280,18 +280,29 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
     notes = []
     for s in slots:
         cur = built.get(s.call.family, s.shape(s.call.config), s.call.config)
-        best = (cur.seconds, s.call.config) if cur is not None else None
-        for cfg in _candidates(s.call.family, s.shape(s.call.config), device):
-            cd = asdict(cfg)
-            if keep.refuses(s, cd):
-                continue
-            got = built.get(s.call.family, s.shape(cd), cd)
-            if got is not None and (best is None or got.seconds < best[0]):
-                best = (got.seconds, cd)
+        best = _fastest(s, built, device, keep)
+        if cur is not None and (best is None or cur.seconds <= best[0]):
+            best = (cur.seconds, s.call.config)
         if best is not None and best[1] != s.call.config:
             notes.append(f"{s.call.op}: start at {best[1]}")
             s.call.config = dict(best[1])
     return notes
+
+
+def _fastest(
+    s: _Slot, built: _Designs, device: Device, keep: _Rules, accept: Callable[[_Built], bool] = lambda b: True
+) -> tuple[float, dict[str, Any]] | None:
+    """The slot's fastest legal candidate (modeled seconds, config) that the rules allow and ``accept`` takes; ties
+    go to the family's own ranking."""
+    best: tuple[float, dict[str, Any]] | None = None
+    for cfg in _candidates(s.call.family, s.shape(s.call.config), device):
+        cd = asdict(cfg)
+        if keep.refuses(s, cd):
+            continue
+        got = built.get(s.call.family, s.shape(cd), cd)
+        if got is not None and accept(got) and (best is None or got.seconds < best[0]):
+            best = (got.seconds, cd)
+    return best
 
 
 def _columns(built: _Built, device: Device) -> int:
@@ -316,15 +327,7 @@ def _rest_on_half(slots: list[_Slot], built: _Designs, device: Device, keep: _Ru
         now = built.get(s.call.family, s.shape(s.call.config), s.call.config)
         if now is not None and _columns(now, device) <= device.columns // 2:
             continue
-        best: tuple[float, dict[str, Any]] | None = None
-        for cfg in _candidates(s.call.family, s.shape(s.call.config), device):
-            cd = asdict(cfg)
-            if keep.refuses(s, cd):
-                continue
-            got = built.get(s.call.family, s.shape(cd), cd)
-            narrow = got is not None and _columns(got, device) <= device.columns // 2
-            if narrow and (best is None or got.seconds < best[0]):
-                best = (got.seconds, cd)
+        best = _fastest(s, built, device, keep, lambda got: _columns(got, device) <= device.columns // 2)
         if best is not None:
             notes.append(f"{s.call.op}: start on half the columns at {best[1]}")
             s.call.config = dict(best[1])
