@@ -32,9 +32,9 @@ Args = dict[str, Any]
 
 
 def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
-    """The family's Config from a plan's config dict; an empty dict means the family default for the shape, and a
-    partial one, for a family with ``complete_config``, that default with the named fields replaced (others take
-    the Config's own defaults for the fields not named)."""
+    """The family's Config from a plan's config dict. An empty dict is the family default for the shape; a partial
+    one is completed from that default by a family with ``complete_config`` (so a baseline plan can name one field
+    and keep a tiling that fits any shape), and from the Config's own field defaults by every other family."""
     if not config:
         return module.default_config(shape, device) if device is not None else module.default_config(shape)
     known = {f.name for f in fields(module.Config)}
