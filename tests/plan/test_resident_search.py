@@ -26,18 +26,39 @@ def _configs(plan, fam):
     return [c.config for g in plan.decode.groups() for c in g.calls if c.family == fam and "cols" in c.config]
 
 
-def test_the_projections_keep_every_column_and_attention_moves_to_half(llama_1b):
+def _one_pass(op: str, config: dict) -> bool:
+    """Refuses the flash-decoding attention tilings (``attention.decode_cascade_configs``)."""
+    return not config.get("group_rows")
+
+
+def test_the_projections_keep_every_column_and_one_pass_attention_moves_to_half(llama_1b):
     """Quantized GEMVs on all 8 columns with x riding a weight channel (16 weight channels) leave each tile 4 locks,
-    too few for a small kernel beside attention on every tile; the start that gives attention half the columns is
-    the only one that packs them, and the pass it finds is faster than the best of the other starts (same model,
-    same run)."""
+    too few for a small kernel beside one-pass decode attention on every tile; the start that gives attention half
+    the columns is the only one that packs them, and the pass it finds is faster than the best of the other starts
+    (same model, same run)."""
     plan = _one_dispatch_q4(llama_1b)
-    found, notes = resident.fit_resident(plan, llama_1b)
+    found, notes = resident.fit_resident(plan, llama_1b, allowed=_one_pass)
     assert notes[0].startswith(f"search from {resident.STARTS[3]}:")
     assert all(c["cols"] == 8 and c["x_rides"] for c in _configs(found, "qgemv"))
     assert [c["cols"] for c in _configs(found, "attention")] == [4]
-    without, _ = resident.fit_resident(plan, llama_1b, starts=resident.STARTS[:3])
+    without, _ = resident.fit_resident(plan, llama_1b, starts=resident.STARTS[:3], allowed=_one_pass)
     assert not all(c["cols"] == 8 and c["x_rides"] for c in _configs(without, "qgemv"))
     fast = time_plan(found, llama_1b, 2048).decode_s_per_token
     slow = time_plan(without, llama_1b, 2048).decode_s_per_token
+    assert fast < 0.9 * slow
+
+
+def test_flash_decoding_attention_leaves_rows_and_columns_to_the_projections(llama_1b):
+    """Decode attention as flash-decoding (one unit per KV head with its group's heads as rows, 2 cascade stages,
+    K/V on both shim channels) uses 2 rows of each column: the projections keep all 8 columns with x riding, the
+    attention runs on all 8 too, and the pass is >10 % faster than the best pass with one-pass attention only (same
+    model, same run)."""
+    plan = _one_dispatch_q4(llama_1b)
+    found, _ = resident.fit_resident(plan, llama_1b)
+    assert all(c["cols"] == 8 and c["x_rides"] for c in _configs(found, "qgemv"))
+    att = [(c["cols"], c["group_rows"], c["kv_stages"], c["kv_channels"]) for c in _configs(found, "attention")]
+    assert att == [(8, True, 2, 2)]
+    one_pass, _ = resident.fit_resident(plan, llama_1b, allowed=_one_pass)
+    fast = time_plan(found, llama_1b, 2048).decode_s_per_token
+    slow = time_plan(one_pass, llama_1b, 2048).decode_s_per_token
     assert fast < 0.9 * slow

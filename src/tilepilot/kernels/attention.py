@@ -47,6 +47,14 @@ merge changes the numbers (p is rounded to bf16 against each stage's own running
 production paths follow the stages (tested bit for bit against the tile path, within a bf16 ulp in production).
 Timing charges each stage the merges on its critical path (stage s waits for the s - 1 before its own).
 
+Flash-decoding (``Config.group_rows``, ``decode_cascade_configs``): the cascade for a decode step. A unit is one KV
+head and its query tile's rows are the GQA group's query heads, so the stages split that head's keys and each
+computes the whole group at once: every KV head is streamed once (the one-pass dataflow broadcasts one stream per
+column, and each of its workers reads the whole key range of its head) and the MMUL's 4 rows hold 4 heads rather
+than one query padded to 4. Numbers are the per-head cascade's (same stages, same keys; tested). With
+``kv_channels`` = 2 the stages' K/V streams use both shim MM2S channels of the column and q rides the first
+(``ObjectFifo.rides_with``), the same feed choice as the quantized GEMV's weights.
+
 Numerics (flash attention with online softmax, fp32 state, bf16 in and out), per key block:
     s   = (q . k) exact sum of bf16 products -> fp32, times 1/sqrt(d) (fp32); masked (key after query) -> -inf
     m'  = max(m, rowmax s);  p = exp(s - m');  c = exp(m - m')            (fp32)
@@ -159,10 +167,23 @@ class Config:
     # Cascade: columns that share one unit's key/value stream (broadcast across them), each computing one query
     # tile of the unit's batch (AIR's ``num_q_tiles``: one K/V stream per head feeds 4 columns).
     share_cols: int = 1
+    # Cascade decode (flash-decoding): a unit is one KV head, and the rows of its query tile are the GQA group's
+    # query heads (tile_q queries x group heads), so the stages split that KV head's keys and each computes every
+    # head of the group at once: the KV head is streamed once, in parts, and the MMUL's 4 rows hold 4 heads instead
+    # of one query padded to 4.
+    group_rows: bool = False
+    # Shim MM2S channels carrying a cascade column's K/V: with 2 the stages' segments split over both channels of
+    # the column's shim, and q rides the first (``ObjectFifo.rides_with``), as the quantized GEMV's weights do.
+    kv_channels: int = 1
 
     @property
     def workers_per_col(self) -> int:
         return self.heads_per_col * self.q_tiles_per_col * self.kv_stages
+
+
+def tile_rows(shape: Shape, config: Config) -> int:
+    """Rows of one worker's query tile: ``tile_q`` queries, times the GQA group when its heads are rows."""
+    return config.tile_q * (shape.group if config.group_rows else 1)
 
 
 def shape_for(spec: ModelSpec, q_len: int, kv_len: int | None = None) -> Shape:
@@ -199,7 +220,7 @@ def unit_blocks(shape: Shape, config: Config, batch: int) -> list[int]:
 
 
 def l1_bytes(shape: Shape, config: Config) -> int:
-    tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
+    tq, tk, d = tile_rows(shape, config), config.tile_k, shape.head_dim
     fifos = 2 * tq * d * 2 + config.depth * tk * 2 * d * 2
     if config.kv_stages > 1:  # the partial state in from the previous stage and out to the next
         fifos += 2 * STATE_BYTES * tq * (d + 2)
@@ -207,7 +228,7 @@ def l1_bytes(shape: Shape, config: Config) -> int:
 
 
 def _local(shape: Shape, config: Config) -> int:
-    tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
+    tq, tk, d = tile_rows(shape, config), config.tile_k, shape.head_dim
     return 4 * (tq * d + tq * tk + 2 * tq)  # fp32 accumulator, scores, running max and denominator
 
 
@@ -453,6 +474,22 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"{config.kv_stages} cascade stages need one head and one query tile per column (got {hpc} heads, "
             f"{qpc} query tiles)",
         )
+    if config.group_rows and (
+        config.kv_stages < 2 or hpc != 1 or qpc != 1 or config.share_cols != 1 or config.tile_q != shape.q_len
+    ):
+        raise shape_error(
+            FAMILY,
+            "a unit with its GQA group's heads as rows (group_rows) needs cascade stages, one query tile holding "
+            f"every query (tile_q = q_len = {shape.q_len}), one head and one tile per column, and no shared columns",
+        )
+    if config.kv_channels not in (1, 2) or (
+        config.kv_channels == 2 and (config.kv_stages % 2 or config.share_cols != 1)
+    ):
+        raise shape_error(
+            FAMILY,
+            f"{config.kv_channels} K/V channels: use 1, or 2 with an even number of cascade stages (got "
+            f"{config.kv_stages}) on columns that do not share a stream (share_cols {config.share_cols})",
+        )
     sc = config.share_cols
     if sc < 1 or (sc > 1 and config.kv_stages == 1) or config.cols % sc or q_tiles % sc:
         raise shape_error(
@@ -466,11 +503,16 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"{qpc} query tiles per column times {hpc} heads per column must fit the {device.compute_rows} compute "
             f"rows, and {qpc} must divide the {q_tiles} query tiles",
         )
-    units = (shape.n_heads // hpc) * (q_tiles // qpc // sc)
+    units = _head_units(shape, config) * (q_tiles // qpc // sc)
     if not 1 <= config.cols // sc <= units or config.cols > device.columns:
         raise shape_error(FAMILY, f"{config.cols} columns cannot share {units} units of work on {device.name}")
     if config.depth < 1:
         raise shape_error(FAMILY, f"fifo depth {config.depth} is not positive")
+
+
+def _head_units(shape: Shape, config: Config) -> int:
+    """Head chunks a unit can take: chunks of ``heads_per_col`` query heads, or whole KV heads (``group_rows``)."""
+    return shape.n_kv_heads if config.group_rows else shape.n_heads // config.heads_per_col
 
 
 def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
@@ -480,7 +522,7 @@ def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
     A unit weighs the key blocks its column streams (its last query tile's), which its slowest worker computes.
     """
     batches = shape.q_len // config.tile_q // config.q_tiles_per_col // config.share_cols
-    units = [(c, i) for c in range(shape.n_heads // config.heads_per_col) for i in range(batches)]
+    units = [(c, i) for c in range(_head_units(shape, config)) for i in range(batches)]
     weight = {i: unit_blocks(shape, config, i)[-1] for i in range(batches)}
     if config.kv_stages > 1:  # cascade: a batch of share_cols tiles; its slowest stage is the first segment's
         last = {i: blocks_needed(shape, config, (i + 1) * config.share_cols - 1) for i in range(batches)}
@@ -496,7 +538,7 @@ def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
 
 
 def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> TileKernel:
-    tq, tk, d = config.tile_q, config.tile_k, shape.head_dim
+    tq, tk, d, n = config.tile_q, config.tile_k, shape.head_dim, tile_rows(shape, config)
     scale = 1.0 / math.sqrt(d)
 
     def attention_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
@@ -510,14 +552,14 @@ def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> Til
         if ctx.last:
             outs[0].copy_(finish(sc["state"]))
 
-    rows = -(-tq // MMUL_M) * MMUL_M
+    rows = -(-n // MMUL_M) * MMUL_M
     return TileKernel(
-        name=f"flash_attn_{config.variant}_{tq}x{tk}x{d}",
+        name=f"flash_attn_{config.variant}_{n}x{tk}x{d}",
         fn=attention_tile,
         variant=config.variant,
         macs_per_call=2 * rows * tk * d,
-        vector_ops_per_call=tq * tk * OPS_PER_SCORE + tq * d * OPS_PER_ACC + tq * OPS_PER_ROW,
-        bytes_per_call=2 * (tq * d + 2 * tk * d) + 4 * (tq * tk + tq * d),
+        vector_ops_per_call=n * tk * OPS_PER_SCORE + n * d * OPS_PER_ACC + n * OPS_PER_ROW,
+        bytes_per_call=2 * (n * d + 2 * tk * d) + 4 * (n * tk + n * d),
         params={"tile_q": tq, "tile_k": tk, "head_dim": d},
     )
 
@@ -547,11 +589,12 @@ def _stage_kernel(shape: Shape, config: Config, tiles: list[int], stage: int, ow
     calls x per-call): every block it computes, and the merge chain on its critical path - the merges of stages
     1..stage run one after another (each needs the previous one's state), so stage s finishes a unit ``s`` merges
     after the blocks; the last stage also divides by l and converts (OPS_PER_OUTPUT per output element)."""
-    tq, tk, d, nst = config.tile_q, config.tile_k, shape.head_dim, config.kv_stages
+    tq, tk, d, nst, n = config.tile_q, config.tile_k, shape.head_dim, config.kv_stages, tile_rows(shape, config)
     scale = 1.0 / math.sqrt(d)
     per_block = _kernel(shape, config, {})
-    merge_ops = tq * d * OPS_PER_MERGE_ACC + tq * OPS_PER_ROW
-    state_bytes = STATE_BYTES * tq * (d + 2)
+    merge_ops = n * d * OPS_PER_MERGE_ACC + n * OPS_PER_ROW
+    state_bytes = STATE_BYTES * n * (d + 2)
+    heads = n // tq  # rows per query: the group's heads when they are rows (query-major: row r is query r // heads)
     segment = stage_blocks(shape, config)
     blocks = sum(max(0, min(segment, own - stage * segment)) for own in owns)
     units = len(owns)
@@ -559,17 +602,18 @@ def _stage_kernel(shape: Shape, config: Config, tiles: list[int], stage: int, ow
     vops = blocks * per_block.vector_ops_per_call + units * stage * merge_ops
     nbytes = blocks * per_block.bytes_per_call + units * 2 * state_bytes
     if stage == nst - 1:
-        vops += units * tq * d * OPS_PER_OUTPUT
+        vops += units * n * d * OPS_PER_OUTPUT
     macs = blocks * per_block.macs_per_call
 
     def stage_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         sc = ctx.scratch
         if sc.get("unit") != ctx.iteration:
-            sc["unit"], sc["state"] = ctx.iteration, initial_state((), tq, d)
+            sc["unit"], sc["state"] = ctx.iteration, initial_state((), n, d)
         if ctx.step >= 0:
             q, kv = ins
             q0 = shape.q_start + tiles[ctx.iteration] * tq
-            masked = hidden(shape, torch.arange(q0, q0 + tq), torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
+            q_pos = torch.arange(q0, q0 + tq).repeat_interleave(heads)
+            masked = hidden(shape, q_pos, torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
             sc["state"] = block_update(q, kv[:, 0], kv[:, 1], masked, sc["state"], scale, True)
         elif ctx.step == _MERGE:
             sc["state"] = merge_states(unpack_state(ins[0]), sc["state"])  # earlier keys' chain first
@@ -579,7 +623,7 @@ def _stage_kernel(shape: Shape, config: Config, tiles: list[int], stage: int, ow
             outs[0].copy_(finish(sc["state"]))
 
     return TileKernel(
-        name=f"flash_attn_cascade_{config.variant}_{tq}x{tk}x{d}_s{stage}",
+        name=f"flash_attn_cascade_{config.variant}_{n}x{tk}x{d}_s{stage}",
         fn=stage_tile,
         variant=config.variant,
         macs_per_call=-(-macs // max(calls, 1)),
@@ -624,20 +668,25 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
     broadcast to its stages; per stage, the blocks of its key segment broadcast to that stage in every column of
     the group (one K/V stream per unit and stage): from the shim of the group's column of that index when the group
     has a column per stage, else as one [stages * tile_k, 2, d] object per step from the group's first shim, split
-    by its memory tile; the partial state passed stage to stage through shared
-    memory (neighbouring rows, no DMA); o from each column's last stage to its shim."""
+    by its memory tile (with two K/V channels: half the stages per channel, q riding the first; one stage per
+    channel goes straight from the shim); the partial state passed stage to stage through shared memory
+    (neighbouring rows, no DMA); o from each column's last stage to its shim. ``group_rows``: a unit is a KV head and
+    q / o move its group's heads side by side ([tile_q, group * head_dim] of the row)."""
     tq, tk, d, g, nst, sc = (config.tile_q, config.tile_k, shape.head_dim, shape.group, config.kv_stages,
                              config.share_cols)  # fmt: skip
     qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
     q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
+    n = tile_rows(shape, config)
+    q_width = n // tq * d  # elements of one query's row a tile takes: one head, or the group's heads side by side
     segment = stage_blocks(shape, config)
+    ch = config.kv_channels
+    per_feed = nst // ch  # stages one shim K/V stream feeds
     fifos: list[ObjectFifo] = []
     links = []
     workers: list[Worker] = []
     group_tasks: list[list[list[tuple[str, str, str, object]]]] = []
     for grp, units in enumerate(assign_units(shape, config)):
         c0 = grp * sc
-        kv_in = f"kv_{c0}"
         parts = [f"kv_{c0}_{s}" for s in range(nst)]
         direct = sc >= nst  # one stream per stage segment, each from its own column's shim (AIR's QKIn_s / VIn_s)
         if direct:
@@ -645,41 +694,55 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
                 ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0 + s, SHIM_ROW))
                 for s, f in enumerate(parts)
             ]
-        else:
-            fifos += [ObjectFifo(kv_in, (nst * tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0, SHIM_ROW))]
+            feeds = []
+        elif per_feed == 1:  # one stage per channel: each stage's stream straight from the shim
+            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0, SHIM_ROW)) for f in parts]
+            feeds = parts
+        else:  # per channel, one [stages * tile_k, 2, d] object per step, split by the memory tile to its stages
+            feeds = [f"kv_{c0}"] if ch == 1 else [f"kv_{c0}_in{j}" for j in range(ch)]
+            offsets = [s * tk * 2 * d for s in range(per_feed)]
+            shim = Tile(c0, SHIM_ROW)
+            fifos += [ObjectFifo(f, (per_feed * tk, 2, d), "bf16", config.depth, shim_placement=shim) for f in feeds]
             fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
-            offsets = [s * tk * 2 * d for s in range(nst)]
-            links.append(split(f"kv_split_{c0}", kv_in, parts, offsets, Tile(c0, MEM_ROW)))
+            for j, feed in enumerate(feeds):
+                name = f"kv_split_{c0}" + (f"_{j}" if ch > 1 else "")
+                links.append(split(name, feed, parts[j * per_feed : (j + 1) * per_feed], offsets, Tile(c0, MEM_ROW)))
         # per unit: the blocks each column's tile computes; the group streams what its last tile needs
         owns = {c: [blocks_needed(shape, config, i * sc + c) for _, i in units] for c in range(sc)}
         streamed = [min(segment, max(owns[c][u] for c in range(sc))) for u in range(len(units))]
         per_unit = []
         for u, (h, i) in enumerate(units):
+            kv_head = h if config.group_rows else h // g
             tasks = []
             for c in range(sc):
-                q_off = (i * sc + c) * tq * qd + h * d
-                tasks += [("fill", f"q_{c0 + c}", "q", tap) for tap in legal_taps(q_shape, q_off, [tq, d], [qd, 1])]
+                q_off = (i * sc + c) * tq * qd + h * q_width
+                q_taps = legal_taps(q_shape, q_off, [tq, q_width], [qd, 1])
+                tasks += [("fill", f"q_{c0 + c}", "q", tap) for tap in q_taps]
             if direct:
                 for st, f in enumerate(parts):
-                    off = st * segment * tk * 2 * kvd + (h // g) * d
+                    off = st * segment * tk * 2 * kvd + kv_head * d
                     sizes, strides = [streamed[u], tk, 2, d], [tk * 2 * kvd, 2 * kvd, kvd, 1]
                     tasks += [("fill", f, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
             else:
-                sizes = [streamed[u], nst, tk, 2, d]
-                strides = [tk * 2 * kvd, segment * tk * 2 * kvd, 2 * kvd, kvd, 1]
-                tasks += [("fill", kv_in, "kv", tap) for tap in legal_taps(kv_shape, (h // g) * d, sizes, strides)]
+                for j, feed in enumerate(feeds):
+                    off = j * per_feed * segment * tk * 2 * kvd + kv_head * d
+                    sizes = [streamed[u], per_feed, tk, 2, d]
+                    strides = [tk * 2 * kvd, segment * tk * 2 * kvd, 2 * kvd, kvd, 1]
+                    tasks += [("fill", feed, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
             for c in range(sc):
-                q_off = (i * sc + c) * tq * qd + h * d
-                tasks += [("drain", f"o_{c0 + c}", "o", tap) for tap in legal_taps(q_shape, q_off, [tq, d], [qd, 1])]
+                q_off = (i * sc + c) * tq * qd + h * q_width
+                q_taps = legal_taps(q_shape, q_off, [tq, q_width], [qd, 1])
+                tasks += [("drain", f"o_{c0 + c}", "o", tap) for tap in q_taps]
             per_unit.append(tasks)
         group_tasks.append(per_unit)
         for c in range(sc):
             col = c0 + c
             q_in, o_out = f"q_{col}", f"o_{col}"
             states = [f"st_{col}_{s}" for s in range(nst - 1)]
-            fifos += [ObjectFifo(q_in, (tq, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW))]
-            fifos += [ObjectFifo(f, (tq, d + 2), "fp32", 1) for f in states]
-            fifos += [ObjectFifo(o_out, (tq, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW))]
+            rides = feeds[0] if ch == 2 else None  # both MM2S channels carry K/V: q rides the first, ahead of it
+            fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW), rides_with=rides)]
+            fifos += [ObjectFifo(f, (n, d + 2), "fp32", 1) for f in states]
+            fifos += [ObjectFifo(o_out, (n, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW))]
             tiles = [i * sc + c for _, i in units]
             for s in range(nst):
                 st_in = states[s - 1] if s else None
@@ -808,6 +871,8 @@ def _assemble(
         + ("" if shape.causal else "_noncausal")
         + ("" if config.skip_masked or not shape.causal else "_noskip")
         + (f"_cascade{config.kv_stages}" if config.kv_stages > 1 else "")
+        + ("_grouprows" if config.group_rows else "")
+        + (f"_kv{config.kv_channels}ch" if config.kv_channels > 1 else "")
         + ("_rounds" if config.rounds else ""),
         device=device,
         inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape)],
@@ -978,7 +1043,31 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                     out.append(((-cols * hpc * qpc, waste, pad > 0, -min(tq, 32) * tk, -tq, qpc), cfg))
     out.sort(key=lambda x: x[0])
     cands = [c for _, c in out]
+    cands += decode_cascade_configs(shape, device)
     return cands + [replace(cands[0], variant="scalar")] if cands else []
+
+
+def decode_cascade_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """Flash-decoding tilings of a decode step (one query): a unit per KV head, its group's heads as the tile's rows
+    (``group_rows``), the stages of a column splitting its keys, K/V over one or both shim channels, on as many
+    columns as KV heads (at most the array's) or half of them. Offered after the one-pass tilings, so they change no
+    default; a tuner or a resident pass takes them when they are faster."""
+    device = device or npu2()
+    if shape.q_len != 1:
+        return []
+    full = min(device.columns, shape.n_kv_heads)
+    widths = [full] + ([full // 2] if full == device.columns else [])
+    out = []
+    for cols in widths:
+        # every compute row a stage, or two stages (one per K/V channel: one stream each, no memory-tile split,
+        # and half the rows left to the launches beside it in a resident pass)
+        for nst in sorted({device.compute_rows, 2}, reverse=True):
+            for ch in (2, 1):
+                for tk in (64, 32, 16):
+                    cfg = Config(cols, 1, 1, tk, 2, "vector", 1, True, nst, False, 1, True, ch)
+                    if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
+                        out.append(cfg)
+    return out
 
 
 def cascade_configs(shape: Shape, device: Device | None = None, stages: int = 4) -> list[Config]:

@@ -1,0 +1,103 @@
+"""Flash-decoding as a design option of decode attention: a unit per KV head whose query tile holds its GQA group's
+heads as rows (``Config.group_rows``), the keys split over cascade stages, K/V over one or both shim MM2S channels
+of a column (``Config.kv_channels``, q riding the first)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from kernel_checks import bf16_ulps, kernel_gate, qkv
+
+from tilepilot.kernels import attention as at
+from tilepilot.npu.execute import run_fast, run_tile
+from tilepilot.npu.timing import time_design
+from tilepilot.npu.validate import DesignError, validate
+
+C = at.Config
+FD = dict(heads_per_col=1, tile_q=1, kv_stages=4, group_rows=True)
+SMALL = [
+    # group 4, 4 stages, K/V on one channel split by the memory tile; 40 keys padded to whole segments
+    (at.Shape(1, 40, 8, 2, 16), C(cols=2, tile_k=8, **FD)),
+    # the same on both channels (two memory-tile splits, q riding the first)
+    (at.Shape(1, 40, 8, 2, 16), C(cols=2, tile_k=8, **FD, kv_channels=2)),
+    # 2 stages, one stream per channel straight to its stage; two KV heads on one column
+    (at.Shape(1, 40, 8, 2, 16), C(cols=1, tile_k=8, **(FD | {"kv_stages": 2}), kv_channels=2)),
+    # group 7 (Qwen2.5-0.5B's): 7 rows, the MMUL padded to 8
+    (at.Shape(1, 33, 14, 2, 16), C(cols=2, tile_k=8, **FD, kv_channels=2)),
+]
+
+
+@pytest.mark.parametrize(("shape", "config"), SMALL)
+def test_tile_path_equals_exact_and_production_within_an_ulp(shape, config):
+    d = at.make_design(shape, config)
+    assert validate(d) == []
+    ins = at.prepare_inputs(d, *qkv(shape, seed=5))
+    tile = run_tile(d, ins)["o"]
+    exact = run_fast(d, ins, exact=True)["o"]
+    assert torch.equal(tile, exact)
+    ulps = bf16_ulps(exact, run_fast(d, ins, exact=False)["o"])
+    assert int(ulps.max()) <= 2 and float((ulps > 0).float().mean()) < 0.05
+    kernel_gate("attention", at.reference(ins, shape)["o"], exact, tile)
+
+
+def test_group_rows_is_the_cascade_of_one_head_per_unit_in_numbers():
+    """Heads as rows change which tile computes a head, not its arithmetic: the same stages over the same keys give
+    the same bits as the per-head cascade's exact path."""
+    shape = at.Shape(1, 64, 8, 2, 16)
+    cfg = C(cols=2, tile_k=8, **FD)
+    rows = at.make_design(shape, cfg)
+    ins = at.prepare_inputs(rows, *qkv(shape, seed=3))
+    per_head = at.attend_cascade_exact(ins["q"], ins["kv"], shape, replace(cfg, group_rows=False))
+    assert torch.equal(run_tile(rows, ins)["o"], per_head)
+
+
+def test_each_kv_head_is_read_once():
+    """A unit per KV head: the design reads q once and every KV head's keys once (the one-pass design with one head
+    per column re-streams a KV head for every query head of its group)."""
+    shape = at.Shape(1, 256, 8, 2, 64)
+    cfg = C(cols=2, tile_k=64, **FD)
+    d = at.make_design(shape, cfg)
+    kv_bytes = at.kv_rows(shape, cfg) * 2 * shape.kv_dim * 2
+    assert d.meta["ddr_read_bytes"] == 2 * shape.q_dim + kv_bytes
+    one_head = at.make_design(shape, C(cols=2, heads_per_col=1, tile_q=1, tile_k=64))
+    assert one_head.meta["ddr_read_bytes"] - 2 * shape.q_dim == shape.group * kv_bytes
+
+
+def test_two_channels_carry_the_kv_and_q_rides_the_first():
+    shape = at.Shape(1, 2048, 32, 8, 64)  # Llama-3.2-1B's decode step at context 2048
+    two = at.make_design(shape, C(cols=8, tile_k=64, **FD, kv_channels=2))
+    one = at.make_design(shape, C(cols=8, tile_k=64, **FD))
+    q = {f.name: f for f in two.fifos}["q_0"]
+    column_0_in = [f for f in two.fifos if f.shim_placement == q.shim_placement and f.name.startswith(("q_", "kv_"))]
+    assert q.rides_with == "kv_0_in0" and {f.channel for f in column_0_in} == {"kv_0_in0", "kv_0_in1"}
+    t_two, t_one = time_design(two), time_design(one)
+    assert t_one.limiter.startswith("shim") and t_two.seconds < 0.9 * t_one.seconds
+
+
+def test_flash_decoding_beats_the_one_pass_design_at_a_long_context():
+    """At Llama-3.2-1B's decode shape the one-pass design's best tiling is bound by one shim channel per column;
+    the flash-decoding candidates are offered after it (the default does not change) and the best of them is faster
+    (same timing model)."""
+    shape = at.Shape(1, 2048, 32, 8, 64)
+    cands = at.candidate_configs(shape)
+    fd = at.decode_cascade_configs(shape)
+    assert fd and cands[-1 - len(fd) : -1] == fd and not at.default_config(shape).group_rows
+    best_one_pass = min(time_design(at.make_design(shape, c)).seconds for c in cands if not c.group_rows)
+    best_fd = min(time_design(at.make_design(shape, c)).seconds for c in fd)
+    assert best_fd < 0.8 * best_one_pass
+    assert at.decode_cascade_configs(at.Shape(64, 2048, 32, 8, 64)) == []  # prefill chunks: not offered
+
+
+def test_rules_are_shape_errors():
+    shape = at.Shape(1, 40, 8, 2, 16)
+    for bad in (
+        C(cols=2, heads_per_col=1, tile_q=1, tile_k=8, group_rows=True),  # needs cascade stages
+        C(cols=2, heads_per_col=2, tile_q=1, tile_k=8, kv_stages=2, group_rows=True),  # one KV head per unit
+        C(cols=2, tile_k=8, **(FD | {"kv_stages": 3}), kv_channels=2),  # stages split evenly over the channels
+        C(cols=2, tile_k=8, **FD, kv_channels=3),  # a shim has 2 MM2S channels
+        C(cols=4, tile_k=8, **FD),  # more columns than KV heads
+    ):
+        with pytest.raises(DesignError):
+            at.make_design(shape, bad)
+    with pytest.raises(DesignError):  # all queries in one tile: a decode step (or a single-query chunk)
+        at.make_design(at.Shape(2, 40, 8, 2, 16), C(cols=2, tile_k=8, **(FD | {"tile_q": 1})))
