@@ -33,6 +33,9 @@ def test_air_q4_builds_and_times_for_every_seed_shape(name):
     assert {c.family for g in plan.prefill.block for c in g.calls} >= {"gemm"}  # bf16 prefill after dequantization
     qgemv = [c.config for g in plan.decode.block for c in g.calls if c.family == "qgemv"]
     assert qgemv and all(c["fmt"] == "q4_1" for c in qgemv)
+    # AIR's attention units each take whole KV heads: no tiling that splits a head's keys over stages
+    attention = [c.config for g in plan.decode.block for c in g.calls if c.family == "attention"]
+    assert attention and not any(c.get("group_rows") for c in attention)
     if name in TIMED:  # one shape per family is timed (benchmarks/quantized.py times all of them)
         t = time_plan(plan, spec, prompt_len=256)
         assert t.dispatches["decode"] == 1 and t.decode_tok_s > 0 and t.ttft_s > 0
