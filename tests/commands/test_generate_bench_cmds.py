@@ -96,3 +96,15 @@ def test_bench_states_the_plans_weight_streaming_bound(workspace, capsys):
     assert m["weight_streaming_bound_tok_s"] == pytest.approx(CALIBRATION.ddr_bytes_per_s / bytes_per_token)
     assert m["decode_of_bound"] == pytest.approx(m["decode_tok_s"] / m["weight_streaming_bound_tok_s"])
     assert 0 < m["decode_of_bound"] < 1
+    # the DDR floor adds the KV readback the step streams at its context: K and V, bf16, every layer
+    spec = ws.spec
+    kv = spec.n_layers * m["decode_kv_rows"] * 2 * spec.n_kv_heads * spec.head_dim * 2
+    assert m["decode_kv_rows"] >= m["decode_context_len"] - 1
+    assert m["ddr_floor_tok_s"] == pytest.approx(CALIBRATION.ddr_bytes_per_s / (bytes_per_token + kv))
+    assert m["decode_of_bound"] < m["decode_of_floor"] < 1
+    assert "decode DDR floor" in _table(workspace, capsys)
+
+
+def _table(workspace, capsys) -> str:
+    assert main(["bench", str(workspace), "--prompt-len", "256", "--decode-tokens", "1"]) == 0
+    return capsys.readouterr().out

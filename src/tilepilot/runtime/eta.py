@@ -103,6 +103,19 @@ def weight_streaming_bound_tok_s(spec: ModelSpec, fmt: WeightFormat, ddr_bytes_p
     return ddr_bytes_per_s / decode_streamed_bytes(spec, fmt)
 
 
+def decode_kv_bytes(spec: ModelSpec, rows: int) -> int:
+    """Bytes of KV cache one decode step reads when every layer's attention streams ``rows`` cached positions
+    (``StagePlan.kv_readback``): K and V of every KV head, bf16."""
+    return spec.n_layers * rows * 2 * spec.kv_dim * 2
+
+
+def ddr_floor_tok_s(spec: ModelSpec, fmt: WeightFormat, kv_rows: int, ddr_bytes_per_s: float) -> float:
+    """Decode tokens per second if a step did nothing but read its weights and its KV readback at
+    ``ddr_bytes_per_s``. The weight-streaming bound leaves the KV out; this does not, so it is the tighter of the two
+    and shows how much of the gap to that bound no plan can close at this context."""
+    return ddr_bytes_per_s / (decode_streamed_bytes(spec, fmt) + decode_kv_bytes(spec, kv_rows))
+
+
 @dataclass(frozen=True)
 class Throughput:
     """Sustained throughputs of one deployment (modeled when its times are modeled)."""
