@@ -52,3 +52,21 @@ def bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ia = a.view(torch.int16).to(torch.int32)
     ib = b.view(torch.int16).to(torch.int32)
     return (ia - ib).abs()
+
+
+def check_attention_paths(shape, config, seed: int) -> None:
+    """An attention design is legal, its tile path equals the exact fast path bit for bit, production is within 2
+    bf16 ulps on under 5 % of elements, and both pass the kernel gate against the reference."""
+    from tilepilot.kernels import attention as at  # lazy: keeps this module's import light for other families
+    from tilepilot.npu.execute import run_fast, run_tile
+    from tilepilot.npu.validate import validate
+
+    d = at.make_design(shape, config)
+    assert validate(d) == []
+    ins = at.prepare_inputs(d, *qkv(shape, seed=seed))
+    tile = run_tile(d, ins)["o"]
+    exact = run_fast(d, ins, exact=True)["o"]
+    assert torch.equal(tile, exact)
+    ulps = bf16_ulps(exact, run_fast(d, ins, exact=False)["o"])
+    assert int(ulps.max()) <= 2 and float((ulps > 0).float().mean()) < 0.05
+    kernel_gate("attention", at.reference(ins, shape)["o"], exact, tile)

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from kernel_checks import bf16_ulps, kernel_gate, qkv
+from kernel_checks import bf16_ulps, check_attention_paths, qkv
 
 from tilepilot.kernels import attention as at
-from tilepilot.npu.execute import run_fast, run_tile
+from tilepilot.npu.execute import run_fast
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate
 
@@ -35,15 +35,7 @@ SMALL = [
 
 @pytest.mark.parametrize(("shape", "config"), SMALL)
 def test_cascade_tile_path_equals_exact_and_production_within_an_ulp(shape, config):
-    d = at.make_design(shape, config)
-    assert validate(d) == []
-    ins = at.prepare_inputs(d, *qkv(shape, seed=11))
-    tile = run_tile(d, ins)["o"]
-    exact = run_fast(d, ins, exact=True)["o"]
-    assert torch.equal(tile, exact)
-    ulps = bf16_ulps(exact, run_fast(d, ins, exact=False)["o"])
-    assert int(ulps.max()) <= 2 and float((ulps > 0).float().mean()) < 0.05
-    kernel_gate("attention", at.reference(ins, shape)["o"], exact, tile)
+    check_attention_paths(shape, config, seed=11)
 
 
 def test_cascade_merge_is_the_stages_arithmetic_not_the_single_pass():

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from kernel_checks import bf16_ulps, kernel_gate, qkv
+from kernel_checks import check_attention_paths, qkv
 
 from tilepilot.kernels import attention as at
-from tilepilot.npu.execute import run_fast, run_tile
+from tilepilot.npu.execute import run_tile
 from tilepilot.npu.timing import time_design
-from tilepilot.npu.validate import DesignError, validate
+from tilepilot.npu.validate import DesignError
 
 C = at.Config
 FD = dict(heads_per_col=1, tile_q=1, kv_stages=4, group_rows=True)
@@ -29,15 +29,7 @@ SMALL = [
 
 @pytest.mark.parametrize(("shape", "config"), SMALL)
 def test_tile_path_equals_exact_and_production_within_an_ulp(shape, config):
-    d = at.make_design(shape, config)
-    assert validate(d) == []
-    ins = at.prepare_inputs(d, *qkv(shape, seed=5))
-    tile = run_tile(d, ins)["o"]
-    exact = run_fast(d, ins, exact=True)["o"]
-    assert torch.equal(tile, exact)
-    ulps = bf16_ulps(exact, run_fast(d, ins, exact=False)["o"])
-    assert int(ulps.max()) <= 2 and float((ulps > 0).float().mean()) < 0.05
-    kernel_gate("attention", at.reference(ins, shape)["o"], exact, tile)
+    check_attention_paths(shape, config, seed=5)
 
 
 def test_group_rows_is_the_cascade_of_one_head_per_unit_in_numbers():
