@@ -713,11 +713,10 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
         per_unit = []
         for u, (h, i) in enumerate(units):
             kv_head = h if config.group_rows else h // g
-            tasks = []
-            for c in range(sc):
-                q_off = (i * sc + c) * tq * qd + h * q_width
-                q_taps = legal_taps(q_shape, q_off, [tq, q_width], [qd, 1])
-                tasks += [("fill", f"q_{c0 + c}", "q", tap) for tap in q_taps]
+            # q in and o out cover the same [tile_q, q_width] of each column's query tile
+            q_taps = [legal_taps(q_shape, (i * sc + c) * tq * qd + h * q_width, [tq, q_width], [qd, 1])
+                      for c in range(sc)]  # fmt: skip
+            tasks = [("fill", f"q_{c0 + c}", "q", tap) for c in range(sc) for tap in q_taps[c]]
             if direct:
                 for st, f in enumerate(parts):
                     off = st * segment * tk * 2 * kvd + kv_head * d
@@ -729,10 +728,7 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
                     sizes = [streamed[u], per_feed, tk, 2, d]
                     strides = [tk * 2 * kvd, segment * tk * 2 * kvd, 2 * kvd, kvd, 1]
                     tasks += [("fill", feed, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
-            for c in range(sc):
-                q_off = (i * sc + c) * tq * qd + h * q_width
-                q_taps = legal_taps(q_shape, q_off, [tq, q_width], [qd, 1])
-                tasks += [("drain", f"o_{c0 + c}", "o", tap) for tap in q_taps]
+            tasks += [("drain", f"o_{c0 + c}", "o", tap) for c in range(sc) for tap in q_taps[c]]
             per_unit.append(tasks)
         group_tasks.append(per_unit)
         for c in range(sc):
@@ -1064,7 +1060,8 @@ def decode_cascade_configs(shape: Shape, device: Device | None = None) -> list[C
         for nst in sorted({device.compute_rows, 2}, reverse=True):
             for ch in (2, 1):
                 for tk in (64, 32, 16):
-                    cfg = Config(cols, 1, 1, tk, 2, "vector", 1, True, nst, False, 1, True, ch)
+                    cfg = Config(cols=cols, heads_per_col=1, tile_q=1, tile_k=tk, kv_stages=nst, group_rows=True,
+                                 kv_channels=ch)  # fmt: skip
                     if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
                         out.append(cfg)
     return out
