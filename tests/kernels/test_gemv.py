@@ -80,10 +80,11 @@ def test_a_tile_too_big_for_l1_is_a_validator_error_and_not_a_candidate():
 
 
 def test_stream_patterns_are_legal_and_cover_each_weight_once():
-    shape = gemv.Shape(2048, 1024)  # 128 blocks per column: two task groups of <= 64 repeats
+    shape = gemv.Shape(2048, 1024)  # 128 blocks per column: two runs of <= 64 repeats, one task group
     design = gemv.make_design(shape, gemv.Config(cols=8, rows=1, tile_m=2, tile_k=512))
-    assert len({t.group for t in design.runtime.tasks}) == 2
+    assert len({t.group for t in design.runtime.tasks}) == 1
     w_tasks = [t for t in design.runtime.tasks if t.tensor == "w"]
+    assert len([t for t in w_tasks if t.fifo == "w_0_0"]) == 2
     assert all(not tap_problems(t.tap) for t in design.runtime.tasks)
     idx = torch.cat([torch.from_numpy(t.tap.indices()) for t in w_tasks])
     assert idx.numel() == shape.n * shape.k
@@ -138,3 +139,19 @@ def test_a_multi_matrix_gemv_is_the_separate_launches_bit_for_bit(shape, config)
         y = run_fast(one, {"x": x, "w": ins[f"w{j}"]}, exact=True)["y"]
         assert torch.equal(tile[f"y{j}"], y) and torch.equal(exact[f"y{j}"], y)
     assert set(gemv.reference(ins)) == set(exact)
+
+
+def test_runs_share_task_groups_until_a_shim_runs_out_of_buffer_descriptors():
+    """Every group boundary drains the pipeline (a fill and a drain in the timing model), so runs of output blocks
+    share a group while every shim's 16 BDs hold their tasks, and start a new one only when some shim's would not."""
+    shape = gemv.Shape(16 * 64 * 8, 1024)  # 8 runs of 64 blocks per column: more tasks than one shim's BDs
+    design = gemv.make_design(shape, gemv.Config(cols=8, rows=1, tile_m=2, tile_k=512))
+    shim_of = {f.name: f.shim_placement for f in design.fifos}
+    per_group_shim: dict[tuple, int] = {}
+    for t in design.runtime.tasks:
+        key = (t.group, shim_of[t.fifo])
+        per_group_shim[key] = per_group_shim.get(key, 0) + 1
+    groups = {t.group for t in design.runtime.tasks}
+    assert 1 < len(groups) < 8
+    assert max(per_group_shim.values()) <= design.device.shim.bds
+    assert not [v for v in validate(design) if v.code == "BD_LIMIT"]

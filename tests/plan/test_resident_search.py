@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tilepilot.kernels.attention import keeps_kv_heads_whole
 from tilepilot.model.quant import WeightFormat
 from tilepilot.plan import resident
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
@@ -26,22 +27,17 @@ def _configs(plan, fam):
     return [c.config for g in plan.decode.groups() for c in g.calls if c.family == fam and "cols" in c.config]
 
 
-def _one_pass(op: str, config: dict) -> bool:
-    """Refuses the flash-decoding attention tilings (``attention.decode_cascade_configs``)."""
-    return not config.get("group_rows")
-
-
 def test_the_projections_keep_every_column_and_one_pass_attention_moves_to_half(llama_1b):
     """Quantized GEMVs on all 8 columns with x riding a weight channel (16 weight channels) leave each tile 4 locks,
     too few for a small kernel beside one-pass decode attention on every tile; the start that gives attention half
     the columns is the only one that packs them, and the pass it finds is faster than the best of the other starts
     (same model, same run)."""
     plan = _one_dispatch_q4(llama_1b)
-    found, notes = resident.fit_resident(plan, llama_1b, allowed=_one_pass)
+    found, notes = resident.fit_resident(plan, llama_1b, allowed=keeps_kv_heads_whole)
     assert notes[0].startswith(f"search from {resident.STARTS[3]}:")
     assert all(c["cols"] == 8 and c["x_rides"] for c in _configs(found, "qgemv"))
     assert [c["cols"] for c in _configs(found, "attention")] == [4]
-    without, _ = resident.fit_resident(plan, llama_1b, starts=resident.STARTS[:3], allowed=_one_pass)
+    without, _ = resident.fit_resident(plan, llama_1b, starts=resident.STARTS[:3], allowed=keeps_kv_heads_whole)
     assert not all(c["cols"] == 8 and c["x_rides"] for c in _configs(without, "qgemv"))
     fast = time_plan(found, llama_1b, 2048).decode_s_per_token
     slow = time_plan(without, llama_1b, 2048).decode_s_per_token
@@ -58,7 +54,7 @@ def test_flash_decoding_attention_leaves_rows_and_columns_to_the_projections(lla
     assert all(c["cols"] == 8 and c["x_rides"] for c in _configs(found, "qgemv"))
     att = [(c["cols"], c["group_rows"], c["kv_stages"], c["kv_channels"]) for c in _configs(found, "attention")]
     assert att == [(8, True, 2, 2)]
-    one_pass, _ = resident.fit_resident(plan, llama_1b, allowed=_one_pass)
+    one_pass, _ = resident.fit_resident(plan, llama_1b, allowed=keeps_kv_heads_whole)
     fast = time_plan(found, llama_1b, 2048).decode_s_per_token
     slow = time_plan(one_pass, llama_1b, 2048).decode_s_per_token
     assert fast < 0.9 * slow

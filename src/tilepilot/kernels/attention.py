@@ -876,7 +876,7 @@ def _assemble(
         fifos=fifos,
         links=links,
         workers=workers,
-        runtime=_runtime(col_tasks, device, config.rounds, {f.name: f.shim_placement for f in fifos}),
+        runtime=Runtime.packed(col_tasks, device.shim.bds, {f.name: f.shim_placement for f in fifos}, config.rounds),
         numerics=nx.Numerics(
             "bf16",
             "fp32",
@@ -904,39 +904,6 @@ def _assemble(
         "ddr_write_bytes": design.ddr_write_bytes(),
     }
     return design
-
-
-def _runtime(
-    col_tasks: list[list[list[tuple[str, str, str, object]]]],
-    device: Device,
-    rounds: bool = False,
-    shim_of: dict[str, object] | None = None,
-) -> Runtime:
-    """Units' tasks in order, packed into task groups that keep every shim within its BDs.
-
-    A unit starts a new group when it does not fit the current one on some shim (``shim_of``: each fifo's shim;
-    ``rounds``: always, each unit is one iteration of a sequential launch loop); a unit too big for any group
-    (many per-block kv patterns) is cut between groups. Order is kept, so every task's inputs come from the same
-    or an earlier group and no group waits on a later one.
-    """
-    shim_of = shim_of or {}
-    rt = Runtime()
-    for per_unit in col_tasks:
-        group, used = 0, {}
-        for tasks in per_unit:
-            need: dict[object, int] = {}
-            for _, fifo, _, _ in tasks:
-                need[shim_of.get(fifo)] = need.get(shim_of.get(fifo), 0) + 1
-            if used and (rounds or any(used.get(k, 0) + n > device.shim.bds for k, n in need.items())):
-                group, used = group + 1, {}
-            for kind, fifo, tensor, tap in tasks:
-                key = shim_of.get(fifo)
-                if used.get(key, 0) == device.shim.bds:
-                    group, used = group + 1, {}
-                (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap, group)
-                used[key] = used.get(key, 0) + 1
-    rt.tasks.sort(key=lambda t: t.group)  # stable: task order within a fifo is kept
-    return rt
 
 
 def _fast(shape: Shape, config: Config):
@@ -1041,6 +1008,13 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     cands = [c for _, c in out]
     cands += decode_cascade_configs(shape, device)
     return cands + [replace(cands[0], variant="scalar")] if cands else []
+
+
+def keeps_kv_heads_whole(op: str, config: dict) -> bool:
+    """An ``allowed`` rule for a plan search (``plan.resident.fit_resident``): refuses the flash-decoding tilings
+    (``group_rows``: a KV head's keys split over cascade stages, ``decode_cascade_configs``), passes everything else.
+    For a plan that must keep every KV head's keys on one compute unit, as AIR's fused decode does."""
+    return not config.get("group_rows")
 
 
 def decode_cascade_configs(shape: Shape, device: Device | None = None) -> list[Config]:

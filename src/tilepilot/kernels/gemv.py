@@ -349,6 +349,7 @@ def matvec_dataflow(
     kernel: Callable[[int], TileKernel],
     worker: str,
     local_bytes: Callable[[int], int],
+    device: Device,
 ) -> tuple[list[Fifo], list, list[Worker], Runtime]:
     """Fifos, links, workers and runtime of a matrix-vector design, for every family that streams a weight matrix
     past one x broadcast (gemv over bf16 rows, qgemv over packed blocks: ``stream`` says which).
@@ -357,8 +358,9 @@ def matvec_dataflow(
     workers run them one matrix after the other; per call a column streams a (rows*tile_m, chunk) block over
     ``channels`` shim channels (two: half the rows each, joined in the memory tile), split by the memory tile into
     one (tile_m, chunk) object per compute row; x is re-sent for every output block; outputs are joined per column
-    and drained to each matrix's own output tensor. One task group per run of at most TAP_MAX_REPEAT output blocks
-    of one matrix, so every stream of a group is one or two patterns, within the shim's buffer descriptors.
+    and drained to each matrix's own output tensor. The tasks come in runs of at most TAP_MAX_REPEAT output blocks
+    of one matrix (every stream of a run is one or two patterns), and runs share a task group while every shim's
+    buffer descriptors hold them (``Runtime.packed``): each group boundary drains the pipeline.
     ``kernel(tile_m)`` and ``local_bytes(tile_m)`` give a worker's kernel and local memory for its rows per call
     (columns differ under an uneven split, ``Tiling.tile_m0``); a column's rows of a matrix are contiguous."""
     cols, rows, tk, depth, m, k = t.cols, t.rows, t.tile_k, t.depth, shape.m, shape.k
@@ -421,33 +423,33 @@ def matvec_dataflow(
                     **loop,
                 )
             )
-    rt = Runtime()
-    group = 0
+    runs: list[list[tuple[str, str, str, Any]]] = []  # one unit of tasks per run of output blocks
     for nj, (w_t, y_t) in zip(shape.matrices(), tensor_names(shape), strict=True):
         its = nj // total  # iterations of this matrix: every column produces blocks[c] of its rows in each
         for i0 in range(0, its, TAP_MAX_REPEAT):
             nb = min(TAP_MAX_REPEAT, its - i0)
+            run: list[tuple[str, str, str, Any]] = []
             # x is re-sent for every output block (the broadcast delivers each object to every worker), or sent
             # whole once, first, when it rides a weight channel
             if not t.x_rides:
-                for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1]):
-                    rt.fill("x", "x", tap, group)
-            elif group == 0:
-                for tap in stream_taps((m, k), 0, [m, k], [k, 1]):
-                    rt.fill("x", "x", tap, group)
+                run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1])]
+            elif not runs:
+                run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [m, k], [k, 1])]
             for c in range(cols):
                 (ch, tm), block = t.column(c), blocks[c]
                 sub = block // ch
-                row0 = its * starts[c] + i0 * block  # column c's first row of this task group
+                row0 = its * starts[c] + i0 * block  # column c's first row of this run
                 for j in range(ch):
                     w_off = (row0 + j * sub) * rb
                     taps = stream_taps((nj, rb), w_off, [nb, ksteps, sub, cb], [block * rb, cb, rb, 1], stream.dtype)
-                    for tap in taps:
-                        rt.fill(f"w_{c}_{j}", w_t, tap, group)
+                    run += [("fill", f"w_{c}_{j}", w_t, tap) for tap in taps]
                 y_fifo = f"y_{c}" if rows == 1 else f"y_l2_{c}"
-                for tap in stream_taps((m, nj), row0, [nb, rows, m, tm], [block, tm, nj, 1]):
-                    rt.drain(y_fifo, y_t, tap, group)
-            group += 1
+                run += [
+                    ("drain", y_fifo, y_t, tap)
+                    for tap in stream_taps((m, nj), row0, [nb, rows, m, tm], [block, tm, nj, 1])
+                ]
+            runs.append(run)
+    rt = Runtime.packed([runs], device.shim.bds, {f.name: f.shim_placement for f in fifos})
     return fifos, links, workers, rt
 
 
@@ -500,7 +502,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     tiling = Tiling(config.cols, config.rows, config.tile_m, config.tile_k, config.depth)
     local = 4 * m * config.tile_m if config.acc == "fp32" else 0
     kernel = _kernel(shape, config)
-    fifos, links, workers, rt = matvec_dataflow(shape, tiling, stream, lambda tm: kernel, "mv", lambda tm: local)
+    fifos, links, workers, rt = matvec_dataflow(
+        shape, tiling, stream, lambda tm: kernel, "mv", lambda tm: local, device
+    )
     inputs, outputs = matvec_tensors(shape, stream)
     design = Design(
         name=f"gemv_{n}x{k}_m{m}{parts_suffix(shape)}",

@@ -200,7 +200,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     def local(rows: int) -> int:
         return 4 * m * rows  # the fp32 accumulator (blocks are decoded in registers, l1_bytes)
 
-    fifos, links, workers, rt = matvec_dataflow(shape, config.tiling(), stream, kernels.__getitem__, "qmv", local)
+    fifos, links, workers, rt = matvec_dataflow(
+        shape, config.tiling(), stream, kernels.__getitem__, "qmv", local, device
+    )
     inputs, outputs = matvec_tensors(shape, stream)
     design = Design(
         name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}",

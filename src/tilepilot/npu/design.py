@@ -503,6 +503,42 @@ class Runtime:
         self.tasks.append(RuntimeTask("drain", fifo, tensor, tap, group))
         return self
 
+    @classmethod
+    def packed(
+        cls,
+        streams: Sequence[Sequence[Sequence[tuple[str, str, str, TensorAccessPattern]]]],
+        shim_bds: int,
+        shim_of: Mapping[str, object],
+        rounds: bool = False,
+    ) -> Runtime:
+        """Units of (kind, fifo, tensor, tap) tasks in order, packed into task groups that keep every shim within
+        its ``shim_bds`` buffer descriptors; every group boundary costs the launch a pipeline fill and drain
+        (``npu.timing``), so a design is built with as few groups as its BDs allow.
+
+        ``streams``: independent sequences of units (e.g. one per column), each counted from group 0. A unit starts
+        a new group when it does not fit the current one on some shim (``shim_of``: each fifo's shim; ``rounds``:
+        always, each unit is one iteration of a sequential launch loop); a unit too big for any group is cut between
+        groups. Order is kept, so every task's inputs come from the same or an earlier group and no group waits on
+        a later one.
+        """
+        rt = cls()
+        for units in streams:
+            group, used = 0, {}
+            for tasks in units:
+                need: dict[object, int] = {}
+                for _, fifo, _, _ in tasks:
+                    need[shim_of.get(fifo)] = need.get(shim_of.get(fifo), 0) + 1
+                if used and (rounds or any(used.get(k, 0) + n > shim_bds for k, n in need.items())):
+                    group, used = group + 1, {}
+                for kind, fifo, tensor, tap in tasks:
+                    key = shim_of.get(fifo)
+                    if used.get(key, 0) == shim_bds:
+                        group, used = group + 1, {}
+                    (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap, group)
+                    used[key] = used.get(key, 0) + 1
+        rt.tasks.sort(key=lambda t: t.group)  # stable: task order within a fifo is kept
+        return rt
+
     def groups(self) -> list[list[RuntimeTask]]:
         """Tasks bucketed by group id, in execution order (task order preserved inside a group)."""
         buckets: dict[int, list[RuntimeTask]] = {}

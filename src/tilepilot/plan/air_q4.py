@@ -9,12 +9,12 @@ What AIR did (reference/xdna2.md, "AIR's own 4-bit deployments", Xilinx/mlir-air
 - decode in **one dispatch per token** (all layers and the LM head, ``StagePlan.one_dispatch``), built as one
   resident module as AIR's ``fused_decode.py`` builds it (``StagePlan.resident``: every launch packed into the
   array and configured once, no design switch between them; ``plan/resident.py`` picks the configs that fit, the
-  weight feed kept), attention and the
-  KV writes on the NPU (every key of a KV head on one compute unit: ``fused_decode.py`` runs 4 attention units of 2
-  KV heads each and splits no head's keys, so the flash-decoding tilings, ``attention.decode_cascade_configs``, are
-  refused: ``_airs_attention``), the projections as quantized GEMVs over the packed blocks fed by one or both shim MM2S
-  channels of each column (``weight_channels``), on 4 compute rows per column (AIR's decode cascade uses up to 4
-  core rows), falling back to what the shape allows;
+  weight feed kept), attention and the KV writes on the NPU (every key of a KV head on one compute unit:
+  ``fused_decode.py`` runs 4 attention units of 2 KV heads each and splits no head's keys, so the flash-decoding
+  tilings, ``attention.decode_cascade_configs``, are refused: ``attention.keeps_kv_heads_whole``), the projections
+  as quantized GEMVs over the packed blocks fed by one or both shim MM2S channels of each column
+  (``weight_channels``), on 4 compute rows per column (AIR's decode cascade uses up to 4 core rows), falling back
+  to what the shape allows;
 - a KV readback sized to the context window (``windowed``: a template every ``KV_WINDOW_STEP`` rows) or padded to
   ATTN_MAXL = 2048 (``KV_TEMPLATE_ROWS``);
 - prefill as bf16 GEMMs over the dequantized weights, grouped as the paper deployed that model (its paper-like
@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 
 from tilepilot.errors import ConfigError
+from tilepilot.kernels.attention import keeps_kv_heads_whole
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import block_graph, weight_shape
 from tilepilot.model.quant import WeightFormat
@@ -107,7 +108,7 @@ def air_q4_plan(
                 c.config = _feed(spec, node.weights[0] if node.kind == "linear" else "lm_head", fmt, weight_channels)
     if windowed:
         plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
-    plan, _ = fit_resident(plan, spec, keep=("weight_channels", "fmt", "block"), allowed=_airs_attention)
+    plan, _ = fit_resident(plan, spec, keep=("weight_channels", "fmt", "block"), allowed=keeps_kv_heads_whole)
     plan.name = "air-q4"
     readback = f"windowed every {KV_WINDOW_STEP} rows" if windowed else f"padded to {max(plan.decode.kv_windows)}"
     plan.notes = [
@@ -119,9 +120,3 @@ def air_q4_plan(
     ]
     check_plan(plan, spec)
     return plan
-
-
-def _airs_attention(op: str, config: dict) -> bool:
-    """AIR's fused decode computes each KV head's keys on one attention unit (N_ATTN_CU x KV_PER_CU in
-    ``fused_decode.py``): no tiling that splits them over cascade stages."""
-    return not config.get("group_rows")
