@@ -155,3 +155,12 @@ def test_runs_share_task_groups_until_a_shim_runs_out_of_buffer_descriptors():
     assert 1 < len(groups) < 8
     assert max(per_group_shim.values()) <= design.device.shim.bds
     assert not [v for v in validate(design) if v.code == "BD_LIMIT"]
+
+
+def test_runs_in_one_task_group_still_compute_the_exact_product():
+    """Two runs of 64 blocks per column in one group: their tasks on a fifo go in order, the tile path runs them."""
+    shape, config = gemv.Shape(16 * 64 * 2, 64), gemv.Config(cols=8, rows=1, tile_m=2, tile_k=64)
+    design = gemv.make_design(shape, config)
+    assert len({t.group for t in design.runtime.tasks}) == 1 and validate(design) == []
+    ins = _inputs(shape)
+    assert torch.equal(run_tile(design, ins)["y"], run_fast(design, ins, exact=True)["y"])
