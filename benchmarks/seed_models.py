@@ -342,6 +342,7 @@ def build_rows(
             "before": dep["performance"].get("before"),
             "paper_like": dep["performance"].get("paper_like"),
             "iron_like": dep["performance"].get("iron_like"),
+            "paper_like_as_measured": dep["performance"].get("paper_like_as_measured"),
             "clock": "modeled (CPU groups modeled; their measured wall clock beside)",
         }
         if ref_tp is not None:
@@ -370,7 +371,7 @@ def claims(row: dict[str, Any]) -> dict[str, Any] | None:
     if not m:
         return None
     p = row.get("paper") if row.get("full_size") else None
-    return same_model_claims(m, m.get("paper_like"), m.get("iron_like"), p)
+    return same_model_claims(m, m.get("paper_like"), m.get("iron_like"), p, m.get("paper_like_as_measured"))
 
 
 def goals(row: dict[str, Any]) -> dict[str, bool | None]:
@@ -569,7 +570,7 @@ def records_from_results(path: Path, workdir: Path) -> list[str]:
         dep["performance"] = (
             {
                 "after": {k: modeled.get(k) for k in after_keys},
-                **{k: modeled.get(k) for k in ("before", "paper_like", "iron_like")},
+                **{k: modeled.get(k) for k in ("before", "paper_like", "iron_like", "paper_like_as_measured")},
             }
             if modeled
             else {}

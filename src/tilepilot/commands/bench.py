@@ -31,6 +31,7 @@ from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.trace import Trace, library_layouts
 from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan
+from tilepilot.plan.paper_deployments import PAPER_DECODE_CONTEXT
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.eta import ddr_floor_tok_s, weight_streaming_bound_tok_s
 from tilepilot.runtime.runner import NpuRunner
@@ -112,11 +113,17 @@ def bench(
     except Exception:  # noqa: BLE001 - not a zoo model: no published figure
         full = False
     fig = {n: {"ttft_s": t.ttft_s, "decode_tok_s": t.decode_tok_s} for n, t in baselines.items()}
+    published = _published(spec.name, prompt_len, full)
+    as_measured = None
+    if published:  # the model's error is taken where the paper measured: decode at its short prompt
+        t = time_plan(builtin_plan("paper-like", spec), spec, prompt_len, PAPER_DECODE_CONTEXT, library=library)
+        as_measured = {"ttft_s": t.ttft_s, "decode_tok_s": t.decode_tok_s}
     claims = same_model_claims(
         {"ttft_s": modeled.ttft_s, "decode_tok_s": modeled.decode_tok_s},
         fig["paper-like"],
         fig["iron-like"],
-        _published(spec.name, prompt_len, full),
+        published,
+        as_measured,
     )
     claims["baselines_modeled"] = fig
     bound = weight_streaming_bound_tok_s(spec, plan.weight_format(), library.cal.ddr_bytes_per_s)
@@ -237,7 +244,8 @@ def _print(res: dict[str, Any]) -> None:
     if c["model_error_vs_silicon"]:
         e = c["model_error_vs_silicon"]
         con.print(
-            "timing model vs the paper's silicon (modeled paper-like / published; an error, not a speed-up): "
+            "timing model vs the paper's silicon (modeled paper-like, decode at the paper's short prompt, / published; "
+            "an error, not a speed-up): "
             f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
             f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
         )

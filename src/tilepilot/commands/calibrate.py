@@ -18,6 +18,7 @@ from tilepilot.calibrate import crossval, frozen
 from tilepilot.calibrate import harness as ca
 from tilepilot.calibrate.air_q4 import air_q4_figures
 from tilepilot.calibrate.predict import predict, render
+from tilepilot.plan.paper_deployments import PAPER_DECODE_CONTEXT
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -176,7 +177,10 @@ def _print(report: ca.CalibrationReport, rows: bool) -> None:
             t.add_row(f.label, _fmt_s(f.modeled), _fmt_s(f.published), _ratio(f.ratio, bad), mark or "info")
         console.print(t)
     if report.paper:
-        t = Table(title="The paper's nine deployments (measured) vs our paper-like plan (modeled), seq 2048")
+        t = Table(
+            title="The paper's nine deployments (measured) vs our paper-like plan (modeled): TTFT at 2048 tokens, "
+            f"decode at {PAPER_DECODE_CONTEXT} positions (the paper's short prompt)"
+        )
         for col in ("model", "role", "TTFT modeled", "published", "ratio", "decode tok/s modeled", "published",
                     "ratio", "dispatches/layer ours", "paper's"):  # fmt: skip
             t.add_column(col, justify="left" if col in ("model", "role") else "right")

@@ -712,14 +712,17 @@ class HostCost:
             raise InputError(f"Measured CPU time {measured_s} s is negative; pass the wall-clock seconds it took.")
         return float(measured_s)
 
-    def cpu_model_s(self, nbytes_streamed: int, flops: int = 0) -> float:
+    def cpu_model_s(self, nbytes_streamed: int, flops: int = 0, heads: int = 0) -> float:
         """Modeled host cost of a CPU group: a roofline of its bytes at ``host_cpu_bytes_per_s`` and its arithmetic
-        at ``host_cpu_flops_per_s`` (the slower of the two). A function of the shapes and the constants only."""
-        if nbytes_streamed < 0 or flops < 0:
+        at ``host_cpu_flops_per_s`` (the slower of the two), plus ``host_cpu_head_s`` per query head of the host
+        attentions it runs (a Python loop over heads). A function of the shapes and the constants only."""
+        if nbytes_streamed < 0 or flops < 0 or heads < 0:
             raise InputError(
-                f"A CPU op streaming {nbytes_streamed} bytes with {flops} FLOPs is impossible; pass counts >= 0."
+                f"A CPU op streaming {nbytes_streamed} bytes with {flops} FLOPs over {heads} heads is impossible; "
+                "pass counts >= 0."
             )
-        return max(nbytes_streamed / self.cal.host_cpu_bytes_per_s, flops / self.cal.host_cpu_flops_per_s)
+        roofline = max(nbytes_streamed / self.cal.host_cpu_bytes_per_s, flops / self.cal.host_cpu_flops_per_s)
+        return roofline + heads * self.cal.host_cpu_head_s
 
     def cpu_estimate_s(self, nbytes_streamed: int) -> float:
         """Modeled estimate of a CPU op that was not run (analytic plan timing): bytes / host CPU bandwidth."""

@@ -21,6 +21,14 @@ from dataclasses import dataclass
 from tilepilot.model.spec import ModelSpec
 
 XDNA2_SOURCE = "reference/xdna2.md, 'The paper's autonomous deployments' (table row and the paragraph above it)"
+# The context the paper's decode tok/s were measured at. Its figures come from `make run` / `make profile`
+# (mlir-air llms/README.md), whose Makefiles default to PROMPT "What is the capital of France?" on the instruct
+# model: the prompt goes through the chat template (``apply_chat_template``: 15-40 tokens in these templates), the
+# prefill is EOS-padded to 2048 for TTFT, and decode starts at ``current_pos = prompt_len``, the real, unpadded
+# length (``llama32_1b_inference.py``), until EOT (a short answer here). So the decode steps ran at tens of
+# positions, not 2048. ASSUMPTION for the exact figure (the logs are not published): 64 positions. Qwen3's
+# template may think before answering, which would put its steps at a few hundred.
+PAPER_DECODE_CONTEXT = 64
 
 
 @dataclass(frozen=True)

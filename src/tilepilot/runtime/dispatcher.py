@@ -190,9 +190,10 @@ class CpuOpTimer:
     def measures(self) -> bool:
         return self.mode == "measured"
 
-    def seconds(self, nbytes: int, flops: int = 0) -> float:
-        """Modeled host seconds of a CPU step streaming ``nbytes`` with ``flops`` of arithmetic."""
-        return HostCost(self.cal).cpu_model_s(nbytes, flops)
+    def seconds(self, nbytes: int, flops: int = 0, heads: int = 0) -> float:
+        """Modeled host seconds of a CPU step streaming ``nbytes`` with ``flops`` of arithmetic and ``heads`` query
+        heads of host attention."""
+        return HostCost(self.cal).cpu_model_s(nbytes, flops, heads)
 
     def measured(self, key: Any, run: Callable[[], None]) -> float | None:
         """Measured wall clock of ``run`` (median of ``repeats``, cached by ``key``), or None when not measuring."""
@@ -537,7 +538,7 @@ class Dispatcher:
                     out[node.output] = r
             return out
 
-        flops = 0
+        flops = heads = 0
         for node, _, in_width in nodes:
             wbytes = sum(int(weights[n].nbytes) for n in node.weights)
             nbytes += wbytes
@@ -545,7 +546,8 @@ class Dispatcher:
             flops += cpu_flops(node.kind, p.rows, p.context, node.width + in_width, wbytes // 2, s)
             if node.kind == "attention":
                 nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
-        secs = self.timer.seconds(nbytes, flops)
+                heads += s.n_heads
+        secs = self.timer.seconds(nbytes, flops, heads)
         if p.dry:
             key = (tuple((c.op, self._ctx.get("stage")) for c in g.calls), p.rows, p.context)
             with step_threads(p.rows, self.spec.hidden):
