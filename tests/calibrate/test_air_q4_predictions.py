@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tilepilot.calibrate.air_q4 import AIR_Q4NX, DECODE_CONTEXT, air_q4_figures
+from tilepilot.calibrate.air_q4 import AIR_Q4NX, PROFILE_CONTEXT, STAIRCASE_CONTEXT, air_q4_figures
 from tilepilot.calibrate.harness import CalibrationReport
 
 
@@ -17,7 +17,9 @@ def test_air_q4nx_figures_are_timed_on_the_air_q4_variants_and_never_checked():
     assert abs(by["air_q4/decode_2ch_windowed"].published - 1 / 58.6) < 1e-12  # seconds per token
     # the variants are different plans: the windowed readback moves fewer KV bytes at the modeled context
     assert by["air_q4/decode_2ch_windowed"].modeled < by["air_q4/decode_2ch_padded"].modeled
-    assert f"context {DECODE_CONTEXT}" in by["air_q4/decode_1ch"].note
+    # each at the context it was measured at: make profile's short prompt, the staircase's 300 tokens from empty
+    assert f"context {PROFILE_CONTEXT}" in by["air_q4/decode_1ch"].note
+    assert f"context {STAIRCASE_CONTEXT}" in by["air_q4/decode_2ch_windowed"].note
     # predictions never fail a calibration run, however far off they are
     report = CalibrationReport(kernels={}, end_to_end=figs)
     assert report.failures() == []

@@ -9,9 +9,13 @@ Each figure is timed on the matching variant of ``plan.air_q4.air_q4_plan`` (one
 windowed readback) with the frozen constants. None of them informs the fit (``Figure.checked`` False, labelled
 prediction): they are the only measurements of a fused decode and of 4-bit kernels, one model with no per-kernel or
 per-launch breakdown, so a fit could move any of the dispatch, design-switch, shim and DDR constants to match them
-and learn nothing it could check; held out, they test what the constants fitted elsewhere predict. AIR does not say
-at which context its decode figures were measured: they are modeled at ``DECODE_CONTEXT`` positions (FastFlowLM's
-1k benchmark context), where the windowed readback differs from the padded one.
+and learn nothing it could check; held out, they test what the constants fitted elsewhere predict.
+
+Each decode figure is modeled at the context it was measured at (``fused_decode/README.md``): the channel pair with
+``make profile N_TOKENS=64`` on the example's default prompt ("What is the capital of France?", chat-templated),
+so at the paper's short-prompt context (``PROFILE_CONTEXT``, the same assumption as the paper's deployments); the
+staircase pair (53.0 -> 58.6) "over 300 greedy tokens from an empty cache", so at their mean position
+(``STAIRCASE_CONTEXT``). A padded readback moves 2048 rows whatever the context; the windowed one the window's.
 """
 
 from __future__ import annotations
@@ -21,18 +25,22 @@ from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.plan.air_q4 import air_q4_plan
 from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.paper_deployments import PAPER_DECODE_CONTEXT
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.timing import time_plan
 
-DECODE_CONTEXT = 1024  # ASSUMPTION: AIR's decode context is not published
-# (key, label, weight channels, windowed readback, published value: seconds for TTFT, tok/s for decode)
+PROFILE_CONTEXT = PAPER_DECODE_CONTEXT  # `make profile N_TOKENS=64` on the default prompt (see the module docstring)
+STAIRCASE_CONTEXT = 150  # the mean position of "300 greedy tokens from an empty cache"
+# (key, label, weight channels, windowed readback, published value: seconds for TTFT, tok/s for decode; decode context)
 AIR_Q4NX = (
-    ("air_q4/prefill", f"AIR Q4NX TTFT @{E2E_PROMPT}", 2, True, 0.93),
-    ("air_q4/decode_1ch", "AIR Q4NX decode per token, 1 weight channel", 1, False, 46.2),
-    ("air_q4/decode_2ch", "AIR Q4NX decode per token, 2 weight channels", 2, False, 52.3),
-    ("air_q4/decode_2ch_padded", "AIR Q4NX decode per token, 2 channels, KV padded to 2048", 2, False, 53.0),
-    ("air_q4/decode_2ch_windowed", "AIR Q4NX decode per token, 2 channels, windowed KV", 2, True, 58.6),
-)
+    ("air_q4/prefill", f"AIR Q4NX TTFT @{E2E_PROMPT}", 2, True, 0.93, None),
+    ("air_q4/decode_1ch", "AIR Q4NX decode per token, 1 weight channel", 1, False, 46.2, PROFILE_CONTEXT),
+    ("air_q4/decode_2ch", "AIR Q4NX decode per token, 2 weight channels", 2, False, 52.3, PROFILE_CONTEXT),
+    ("air_q4/decode_2ch_padded", "AIR Q4NX decode per token, 2 channels, KV padded to 2048", 2, False, 53.0,
+     STAIRCASE_CONTEXT),
+    ("air_q4/decode_2ch_windowed", "AIR Q4NX decode per token, 2 channels, windowed KV", 2, True, 58.6,
+     STAIRCASE_CONTEXT),
+)  # fmt: skip
 NOTE = "prediction (not in the fit): air-q4 plan"
 
 
@@ -42,14 +50,14 @@ def air_q4_figures(cal: Calibration = CALIBRATION, cpu: str = "modeled") -> list
     base = paper_like_plan(spec)
     library = KernelLibrary(cal=cal)
     out = []
-    for key, label, channels, windowed, published in AIR_Q4NX:
+    for key, label, channels, windowed, published, context in AIR_Q4NX:
         plan = air_q4_plan(base, weight_channels=channels, windowed=windowed)
-        if key.endswith("prefill"):
+        if context is None:
             t = time_plan(plan, spec, E2E_PROMPT, cal=cal, cpu=cpu, library=library)
             modeled, pub, where = t.ttft_s, published, f"TTFT at {E2E_PROMPT}"
         else:
-            t = time_plan(plan, spec, E2E_PROMPT, DECODE_CONTEXT, cal=cal, cpu=cpu, library=library)
-            modeled, pub, where = t.decode_s_per_token, 1.0 / published, f"decode at context {DECODE_CONTEXT}"
+            t = time_plan(plan, spec, E2E_PROMPT, context, cal=cal, cpu=cpu, library=library)
+            modeled, pub, where = t.decode_s_per_token, 1.0 / published, f"decode at context {context}"
         feed = f"{channels} channel(s), KV {'windowed' if windowed else 'padded'}"
         note = f"{NOTE} ({feed}; {where})"
         out.append(Figure(key, "end_to_end", f"{label} (prediction)", pub, modeled, note, checked=False))
