@@ -263,22 +263,23 @@ def test_the_per_head_host_cost_is_llamas_cpu_attention_at_the_papers_decode_con
 
 
 def test_host_attention_pays_per_query_head_and_the_papers_decode_is_timed_at_its_short_prompt():
-    """Two models with the same KV bytes per layer but twice the query heads: twice the per-head loop. The paper's
-    deployments are timed with decode at PAPER_DECODE_CONTEXT, not at the prompt's 2048 positions."""
-    from tilepilot.npu.timing import HostCost
-    from tilepilot.plan.paper_deployments import PAPER_DECODE_CONTEXT
-
-    hc = HostCost(CALIBRATION)
-    assert hc.cpu_model_s(10_000, 0, 32) - hc.cpu_model_s(10_000, 0, 16) == pytest.approx(
-        16 * CALIBRATION.host_cpu_head_s
-    )
-    assert hc.cpu_model_s(10_000) == pytest.approx(10_000 / CALIBRATION.host_cpu_bytes_per_s)
-    (p,) = ca.paper_predictions(models=["qwen3-0.6b"])
+    """The paper-like plan's host attention pays the paper's per-query-head loop (HostPolicy.attention "per_head"),
+    a plan whose host attention is one batched matmul pays none; the paper's deployments are timed with decode at
+    PAPER_DECODE_CONTEXT, not at the prompt's 2048 positions."""
     from tilepilot.model.zoo import get_zoo_model
-    from tilepilot.plan.builtin import paper_like_plan
+    from tilepilot.npu.timing import HostCost
+    from tilepilot.plan.builtin import iron_like_plan, paper_like_plan
+    from tilepilot.plan.paper_deployments import PAPER_DECODE_CONTEXT
     from tilepilot.runtime.timing import time_plan
 
+    assert HostCost(CALIBRATION).cpu_model_s(10_000) == pytest.approx(10_000 / CALIBRATION.host_cpu_bytes_per_s)
     spec = get_zoo_model("qwen3-0.6b").spec()
+    no_loop = dataclasses.replace(CALIBRATION, host_cpu_head_s=0.0)
+    for make, heads in ((paper_like_plan, spec.n_heads), (iron_like_plan, 0)):  # only the paper's host code loops
+        plan = make(spec)
+        with_cost = time_plan(plan, spec, 2048, PAPER_DECODE_CONTEXT).decode_s_per_token
+        without = time_plan(plan, spec, 2048, PAPER_DECODE_CONTEXT, cal=no_loop).decode_s_per_token
+        assert with_cost - without == pytest.approx(spec.n_layers * heads * CALIBRATION.host_cpu_head_s, abs=1e-12)
+    (p,) = ca.paper_predictions(models=["qwen3-0.6b"])
     short = time_plan(paper_like_plan(spec), spec, 2048, PAPER_DECODE_CONTEXT)
     assert p.decode_tok_s_modeled == pytest.approx(short.decode_tok_s, rel=1e-12)
-    assert p.decode_tok_s_modeled > time_plan(paper_like_plan(spec), spec, 2048).decode_tok_s

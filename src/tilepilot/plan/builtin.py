@@ -185,6 +185,7 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
             reuse_buffers=True,
             layout="host_transpose" if head_first else "seq_first",
             handoff="host",
+            attention="per_head",  # decode_attention_cpu loops over the query heads
         ),
         notes=[
             f"paper-like: the paper's deployment of {facts.model if known else 'its reference model ' + facts.model}"

@@ -35,6 +35,9 @@ LAYOUTS = ("seq_first", "host_transpose")
 # "device" - in the device buffer the next dispatch reads; "host" - each dispatch has its own argument buffers, as
 # separate XRT kernels do, so the host maps the result (zero-copy) and copies it into the next dispatch's input.
 HANDOFFS = ("device", "host")
+# How a host attention runs: "batched" (one matmul over every head, runtime/cpu_ops.attention) or "per_head" (a Python
+# loop over the query heads, the paper's decode_attention_cpu): the latter pays npu.calibration.host_cpu_head_s a head.
+HOST_ATTENTION = ("batched", "per_head")
 # families that read packed weights (model/quant.py) instead of bf16 ones
 QUANT_FAMILIES = ("qgemv", "qgemm")
 
@@ -137,6 +140,7 @@ class HostPolicy:
     reuse_buffers: bool = False
     layout: str = "host_transpose"
     handoff: str = "device"
+    attention: str = "batched"
 
 
 @dataclass
@@ -264,6 +268,8 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
         problems.append(f"host.layout is {h.layout!r}; use one of {LAYOUTS}")
     if h.handoff not in HANDOFFS:
         problems.append(f"host.handoff is {h.handoff!r}; use one of {HANDOFFS}")
+    if h.attention not in HOST_ATTENTION:
+        problems.append(f"host.attention is {h.attention!r}; use one of {HOST_ATTENTION}")
     try:
         wf = plan.weight_format()
         problems += wf.problems()

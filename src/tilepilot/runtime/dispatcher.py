@@ -546,7 +546,7 @@ class Dispatcher:
             flops += cpu_flops(node.kind, p.rows, p.context, node.width + in_width, wbytes // 2, s)
             if node.kind == "attention":
                 nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
-                heads += s.n_heads
+                heads += s.n_heads if self.policy.attention == "per_head" else 0  # the host's loop over heads
         secs = self.timer.seconds(nbytes, flops, heads)
         if p.dry:
             key = (tuple((c.op, self._ctx.get("stage")) for c in g.calls), p.rows, p.context)
