@@ -104,10 +104,8 @@ def bench(
     library = KernelLibrary()
     modeled = time_plan(plan, spec, prompt_len=prompt_len, cpu="measured", library=library)
     # same-model comparison: the same model's paper-like and iron-like plans, timed by the same model in this run
-    baselines = {
-        name: time_plan(builtin_plan(name, spec), spec, prompt_len=prompt_len, library=library)
-        for name in ("paper-like", "iron-like")
-    }
+    plans = {name: builtin_plan(name, spec) for name in ("paper-like", "iron-like")}
+    baselines = {name: time_plan(p, spec, prompt_len=prompt_len, library=library) for name, p in plans.items()}
     try:
         full = spec.n_layers == get_zoo_model(spec.name).spec().n_layers
     except Exception:  # noqa: BLE001 - not a zoo model: no published figure
@@ -116,7 +114,7 @@ def bench(
     published = _published(spec.name, prompt_len, full)
     as_measured = None
     if published:  # the model's error is taken where the paper measured: decode at its short prompt
-        t = time_plan(builtin_plan("paper-like", spec), spec, prompt_len, PAPER_DECODE_CONTEXT, library=library)
+        t = time_plan(plans["paper-like"], spec, prompt_len, PAPER_DECODE_CONTEXT, library=library)
         as_measured = {"ttft_s": t.ttft_s, "decode_tok_s": t.decode_tok_s}
     claims = same_model_claims(
         {"ttft_s": modeled.ttft_s, "decode_tok_s": modeled.decode_tok_s},

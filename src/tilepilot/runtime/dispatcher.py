@@ -166,7 +166,8 @@ class KernelLibrary:
 
 class CpuOpTimer:
     """Host cost of a CPU group in dry runs: always *modeled* (``HostCost.cpu_model_s``, a roofline of the group's
-    bytes and FLOPs at the calibration's host rates), so a modeled total depends on the plan, the code and the
+    bytes and FLOPs at the calibration's host rates, plus a per-head cost where the plan's host attention loops over
+    heads), so a modeled total depends on the plan, the code and the
     constants only, never on this machine's load. With ``mode="measured"`` the group is also run once per shape
     on zero tensors and its measured wall clock is reported *beside* the modeled cost (trace ``measured_s``),
     never inside it. ``"estimated"`` is an older name of ``"modeled"``."""

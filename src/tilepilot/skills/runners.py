@@ -53,7 +53,7 @@ class RunnerFactory:
         self.workspace = workspace
         self._weights = weights  # the weights of a plan's format, owned (and opened on first use) by the reference
         self.timing_prompt_len = timing_prompt_len
-        self._timing_cache: dict[tuple[str, int], PlanTiming] = {}
+        self._timing_cache: dict[tuple[str, int, int], PlanTiming] = {}
         self.tuning_stats: dict[str, dict[str, int]] = {}  # per stage: registry lookups vs configs searched
 
     @cached_property
@@ -88,7 +88,7 @@ class RunnerFactory:
         """Modeled timing of ``plan`` (cached by plan content: skills time the same plan many times); decode at
         ``context_len`` positions (default: the prompt's)."""
         n = prompt_len or self.timing_prompt_len
-        key = (plan_digest(plan), n, context_len)
+        key = (plan_digest(plan), n, context_len or n)  # the same timing whether the context is named or not
         if key not in self._timing_cache:
             self._timing_cache[key] = time_plan(
                 plan, plan.model_spec(), n, context_len, library=self.library, timer=self.host_timer
@@ -106,15 +106,15 @@ class RunnerFactory:
         }
         # "before" is the plan the deployment started from (the default plan in the deployed weight format); the
         # paper-like and IRON-like plans are those systems' own, in bf16.
+        paper = paper_like_plan(spec)
         for label, plan in (
             ("before", with_weights(default_plan(spec), fmt) if fmt.quantized else default_plan(spec)),
             ("after", self.workspace.plan),
-            ("paper_like", paper_like_plan(spec)),
+            ("paper_like", paper),
             ("iron_like", iron_like_plan(spec)),  # same-model speed-ups are against both (issue 11 item 8)
         ):
             out[label] = perf_figures(plan, self.timing(plan))
         # the paper-like plan under the paper's own measurement conditions (decode at its short prompt), the figure
         # the timing model's error against the paper's silicon is taken on (runtime.timing.same_model_claims)
-        paper = paper_like_plan(spec)
         out["paper_like_as_measured"] = perf_figures(paper, self.timing(paper, context_len=PAPER_DECODE_CONTEXT))
         return out
