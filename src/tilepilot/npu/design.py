@@ -669,10 +669,10 @@ class Design:
         return (
             all(w.placement is not None for w in self.workers)
             and all(lk.placement is not None for lk in self.links)
-            and all(
+            and all(  # the shim is a fifo's endpoint exactly when a runtime task fills or drains it
                 f.shim_placement is not None
                 for f in self.fifos
-                if SHIM in self.producers(f.name) + self.consumers(f.name)
+                if self.runtime.fills(f.name) or self.runtime.drains(f.name)
             )
         )
 

@@ -108,8 +108,7 @@ class Occupancy:
             if key == ("shim_bds",):
                 total.bds = max(total.bds, part.bds)
                 continue
-            for _ in range(n):
-                add_use(total, part)
+            add_use(total, part, n)
         total.s2mm, total.mm2s = self.channels.get(tile, (0, 0))
         return total
 

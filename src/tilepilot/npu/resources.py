@@ -119,14 +119,14 @@ def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
     return dict(claims)
 
 
-def add_use(total: TileUse, part: TileUse) -> None:
-    """Add ``part``'s demand to ``total`` (memory with its contributions)."""
-    total.memory += part.memory
-    total.parts.extend(part.parts)
-    total.s2mm += part.s2mm
-    total.mm2s += part.mm2s
-    total.bds += part.bds
-    total.locks += part.locks
+def add_use(total: TileUse, part: TileUse, times: int = 1) -> None:
+    """Add ``part``'s demand ``times`` over to ``total`` (memory with its contributions)."""
+    total.memory += part.memory * times
+    total.parts.extend(part.parts * times)
+    total.s2mm += part.s2mm * times
+    total.mm2s += part.mm2s * times
+    total.bds += part.bds * times
+    total.locks += part.locks * times
 
 
 def resource_use(design: Design) -> dict[Tile, TileUse]:

@@ -108,7 +108,11 @@ def air_q4_plan(
                 c.config = _feed(spec, node.weights[0] if node.kind == "linear" else "lm_head", fmt, weight_channels)
     if windowed:
         plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
-    plan, _ = fit_resident(plan, spec, keep=("weight_channels", "fmt", "block"), allowed=keeps_kv_heads_whole)
+    # AIR's configs are repaired only where they do not fit together (no improvement pass): the plan stands for AIR's
+    # design, not for the fastest one under its rules
+    plan, _ = fit_resident(
+        plan, spec, keep=("weight_channels", "fmt", "block"), allowed=keeps_kv_heads_whole, improve=False
+    )
     plan.name = "air-q4"
     readback = f"windowed every {KV_WINDOW_STEP} rows" if windowed else f"padded to {max(plan.decode.kv_windows)}"
     plan.notes = [

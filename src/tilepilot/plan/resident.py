@@ -218,13 +218,16 @@ def fit_resident(
     keep: tuple[str, ...] = (),
     allowed: Callable[[str, dict[str, Any]], bool] | None = None,
     starts: tuple[str, ...] | None = None,
+    improve: bool = True,
 ) -> tuple[DeploymentPlan, list[str]]:
     """A copy of ``plan`` whose one-dispatch decode is resident, with the configs changed that had to be (one note
     per change); DesignError with the packing's violations when no such configs are found. ``context``: the KV
     readback the attention launches are packed at (their footprint does not grow with it). ``keep``: config keys a
     replacement must keep where the current config sets them (e.g. a plan that stands for a given weight feed).
     ``allowed(op, config)``: False refuses a replacement (a caller's check the plan layer cannot make, e.g. the
-    group bindings of ``harness.probes.group_checks``). ``starts``: which of ``STARTS`` to search from (all)."""
+    group bindings of ``harness.probes.group_checks``). ``starts``: which of ``STARTS`` to search from (all).
+    ``improve``: once a start's repair packs, try faster configs that still pack (``_improve``); off for a plan that
+    stands for someone else's design, whose configs are repaired only as far as they must be."""
     spec = spec or plan.model_spec()
     device = device or npu2()
     if not plan.decode.one_dispatch:
@@ -246,6 +249,8 @@ def fit_resident(
         except DesignError as e:
             failed.append(e)
             continue
+        if improve:
+            notes += _improve(slots, built, device, rules)
         seconds = 0.0
         for s in slots:
             got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
@@ -448,3 +453,73 @@ def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep
             sk.call.config = cd
         notes[-1] += f" ({cost * 1e3:+.3f} ms/token modeled for this step)"
     raise DesignError(list(packing.problems), f"plan {name}: resident decode (gave up after {max_steps} changes)")
+
+
+# Packings tried by the improvement pass per start (each ~10 ms for a full-size model): a bound on its run time.
+MAX_IMPROVE_TRIALS = 240
+
+
+def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) -> list[str]:
+    """Hill-climb a packing the repair reached. The repair judges a change where the launch sits and stops at the
+    first packing, so it can stop short of one that is legal and faster (a launch that freed a tile early keeps a
+    slow config after the tile that forced it has room again). Each sweep lists the slots' faster candidates, alone
+    or with the launches of the family that share the slot's config (so a layout they share stays shared), most
+    modeled time saved per token first, and takes each that still packs beside the changes already taken; sweeps
+    repeat while one takes a change, up to ``MAX_IMPROVE_TRIALS`` packings. Every change lowers the modeled time."""
+    notes: list[str] = []
+    trials = 0
+    while trials < MAX_IMPROVE_TRIALS:
+        current = [built.get(s.call.family, s.shape(s.call.config), s.call.config) for s in slots]
+        if any(b is None for b in current):
+            return notes
+        options: list[tuple[float, int, int, tuple[int, ...], dict[str, Any]]] = []
+        for i, s in enumerate(slots):
+            twins = tuple(k for k, t in enumerate(slots) if t.call.family == s.call.family
+                          and t.call.config == s.call.config)  # fmt: skip
+            for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
+                cd = asdict(cfg)
+                for group in sorted({(i,), twins}, key=len):
+                    gain = _gain(group, cd, slots, current, built, keep)
+                    if gain > 0:
+                        options.append((-gain, i, j, group, cd))
+        options.sort(key=lambda o: (o[0], o[1], o[2], len(o[3])))
+        changed: set[int] = set()
+        for neg, _, _, group, cd in options:
+            if trials >= MAX_IMPROVE_TRIALS:
+                break
+            if changed & set(group):
+                continue  # judged against configs this sweep has replaced: the next sweep lists it again
+            trials += 1
+            trial = list(current)
+            for k in group:
+                trial[k] = built.get(slots[k].call.family, slots[k].shape(cd), cd)
+            if pack("decode", [d for b in trial if b is not None for d in b.designs]).problems:
+                continue
+            current = trial
+            changed |= set(group)
+            for k in group:
+                notes.append(f"{slots[k].call.op}: {slots[k].call.family} config {slots[k].call.config} -> {cd}")
+                slots[k].call.config = dict(cd)
+            notes[-1] += f" (improvement: {neg * 1e6:+.1f} us/token modeled)"
+        if not changed:
+            return notes
+    return notes
+
+
+def _gain(
+    group: tuple[int, ...],
+    cd: dict[str, Any],
+    slots: list[_Slot],
+    current: list[_Built | None],
+    built: _Designs,
+    keep: _Rules,
+) -> float:
+    """Modeled time per token saved by giving every slot of ``group`` config ``cd`` (0 when one refuses it)."""
+    gain = 0.0
+    for k in group:
+        sk, bk = slots[k], current[k]
+        got = None if keep.refuses(sk, cd) else built.get(sk.call.family, sk.shape(cd), cd)
+        if got is None or bk is None:
+            return 0.0
+        gain += (bk.seconds - got.seconds) * sk.per_token
+    return gain
