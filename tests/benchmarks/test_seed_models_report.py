@@ -69,3 +69,21 @@ def test_without_the_reference_no_eta_is_claimed(sm):
     row = rows["qwen2.5-0.5b"]
     assert row["eta_scale"] is None and "llama-3.2-1b" in row["eta_reason"]
     assert sm.goals(row)["eta_scale"] is None
+
+
+def test_the_silicon_table_shows_the_figure_its_ratio_is_taken_on_and_says_which(sm):
+    """The model-error ratio is taken on the paper-like plan at the paper's short prompt when the record has that
+    figure; an older record's ratio falls back to the deployment's own context and the table labels it so."""
+    new, old = _record(1.04, 77.0, 160, 4.9), _record(0.70, 59.0, 100, 4.2)
+    figures = {"plan": "paper-like", "ttft_s": 1.1, "decode_ms_per_token": 100.0, "decode_tok_s": 10.0}
+    for rec in (new, old):
+        rec["deploy"]["performance"]["paper_like"] = dict(figures)
+    new["deploy"]["performance"]["paper_like_as_measured"] = dict(figures, decode_tok_s=23.45)
+    rows = sm.build_rows({"llama-3.2-1b": new, "qwen2.5-0.5b": old}, sm.zoo_names(), None)
+    meta = {"layers": None, "written": "now", "code_used": [], "host": {"cpus": 2, "mem_gib": 24}}
+    lines = sm.render_markdown(rows, meta).splitlines()
+    table = lines[lines.index("## The timing model against the paper's silicon (model error, not a speed-up)") :]
+    llama = next(x for x in table if x.startswith("| llama-3.2-1b |"))
+    qwen = next(x for x in table if x.startswith("| qwen2.5-0.5b |"))
+    assert "| 23.45 |" in llama and llama.endswith("| short prompt |")
+    assert "| 10.00 |" in qwen and qwen.endswith("| own context |")

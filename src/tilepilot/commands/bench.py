@@ -242,8 +242,7 @@ def _print(res: dict[str, Any]) -> None:
     if c["model_error_vs_silicon"]:
         e = c["model_error_vs_silicon"]
         con.print(
-            "timing model vs the paper's silicon (modeled paper-like, decode at the paper's short prompt, / published; "
-            "an error, not a speed-up): "
+            f"timing model vs the paper's silicon ({e['basis']}, / published; an error, not a speed-up): "
             f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
             f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
         )

@@ -127,8 +127,7 @@ def _fmt_perf(perf: dict, published: dict | None = None) -> list[str]:
         e = c["model_error_vs_silicon"]
         if e:
             lines.append(
-                "timing model vs the paper's silicon (modeled paper-like, decode at the paper's short prompt, / "
-                "published; an error, not a speed-up): "
+                f"timing model vs the paper's silicon ({e['basis']}, / published; an error, not a speed-up): "
                 f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
                 f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
             )
