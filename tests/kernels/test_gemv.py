@@ -7,6 +7,7 @@ import torch
 from kernel_checks import bf16_ulps, kernel_gate, rand_bf16, zoo_specs
 
 from tilepilot.kernels import gemv
+from tilepilot.npu.design import Runtime
 from tilepilot.npu.execute import run_fast, run_tile
 from tilepilot.npu.timing import time_dispatch
 from tilepilot.npu.validate import DesignError, tap_problems, validate
@@ -155,6 +156,11 @@ def test_runs_share_task_groups_until_a_shim_runs_out_of_buffer_descriptors():
     assert 1 < len(groups) < 8
     assert max(per_group_shim.values()) <= design.device.shim.bds
     assert not [v for v in validate(design) if v.code == "BD_LIMIT"]
+    # a fifo without a shim would be counted against no shim's BDs: the packer refuses it rather than guess
+    tasks = [[("fill", t.fifo, t.tensor, t.tap)] for t in design.runtime.tasks]
+    unplaced = dict(shim_of, **{design.runtime.tasks[0].fifo: None})
+    with pytest.raises(ValueError, match="no shim placement"):
+        Runtime.packed([tasks], design.device.shim.bds, unplaced)
 
 
 def test_runs_in_one_task_group_still_compute_the_exact_product():

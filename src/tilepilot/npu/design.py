@@ -519,8 +519,12 @@ class Runtime:
         a new group when it does not fit the current one on some shim (``shim_of``: each fifo's shim; ``rounds``:
         always, each unit is one iteration of a sequential launch loop); a unit too big for any group is cut between
         groups. Order is kept, so every task's inputs come from the same or an earlier group and no group waits on
-        a later one.
+        a later one. Every fifo a task moves must have its shim in ``shim_of``: its BDs are counted against that
+        shim's, so an unplaced one would be counted against no budget at all.
         """
+        unplaced = sorted({f for units in streams for tasks in units for _, f, _, _ in tasks if shim_of.get(f) is None})
+        if unplaced:
+            raise ValueError(f"Runtime.packed: fifos {unplaced} have no shim placement; place them before packing")
         rt = cls()
         for units in streams:
             group, used = 0, {}
