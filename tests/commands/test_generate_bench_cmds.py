@@ -108,3 +108,23 @@ def test_bench_states_the_plans_weight_streaming_bound(workspace, capsys):
 def _table(workspace, capsys) -> str:
     assert main(["bench", str(workspace), "--prompt-len", "256", "--decode-tokens", "1"]) == 0
     return capsys.readouterr().out
+
+
+def test_bench_splits_a_one_dispatch_decode_by_launch_kind(model_dir, capsys):
+    """A one-dispatch decode (the air-q4 plan) is broken down by launch kind: the kinds' launches and modeled times
+    add up to the dispatch's launches, each kind's fills and drains are a part of its time, and its DDR time is its
+    bytes at the model's DDR rate. A plan dispatched per group has no such breakdown."""
+    rc = main(["bench", str(model_dir), "--plan", "air-q4", "--prompt-len", "64", "--decode-tokens", "1", "--json"])
+    assert rc == 0
+    m = json.loads(capsys.readouterr().out)["modeled"]
+    dl = m["decode_launches"]
+    kinds = {k["kind"]: k for k in dl["kinds"]}
+    assert {"qgemv", "rmsnorm", "attention"} <= set(kinds)
+    total = dl["dispatch_s"] + dl["switches_and_config_s"] + sum(k["seconds"] for k in dl["kinds"])
+    assert total == pytest.approx(m["decode_ms_per_token"] / 1e3, rel=0.05)
+    for k in dl["kinds"]:
+        assert 0 < k["fill_drain_s"] < k["seconds"]
+        assert k["ddr_s"] == pytest.approx(k["ddr_bytes"] / CALIBRATION.ddr_bytes_per_s)
+    assert sum(k["launches"] for k in dl["kinds"]) >= 2 * 9  # two layers' launches at least, and the head
+    assert main(["bench", str(model_dir), "--plan", "iron-like", "--prompt-len", "64", "--decode-tokens", "1"]) == 0
+    assert "by launch kind" not in capsys.readouterr().out

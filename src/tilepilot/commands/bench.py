@@ -34,7 +34,7 @@ from tilepilot.plan.builtin import BUILTIN_PLANS, builtin_plan
 from tilepilot.plan.paper_deployments import PAPER_DECODE_CONTEXT
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.eta import ddr_floor_tok_s, weight_streaming_bound_tok_s
-from tilepilot.runtime.runner import NpuRunner
+from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
 from tilepilot.runtime.timing import same_model_claims, time_plan
 from tilepilot.runtime.workspace import is_workspace, load_workspace
 
@@ -103,6 +103,17 @@ def bench(
 
     library = KernelLibrary()
     modeled = time_plan(plan, spec, prompt_len=prompt_len, cpu="measured", library=library)
+    # a one-dispatch decode's launches by kind (the dispatch this plan's decode step was just timed as)
+    one = library.timed_dispatches(one_dispatch_name("decode")) if plan.decode.one_dispatch else []
+    launches = None
+    if one:
+        g = one[-1]
+        launches = {
+            "clock": "modeled",
+            "dispatch_s": g.dispatch_overhead_s,
+            "switches_and_config_s": g.launch_overhead_s,
+            "kinds": g.by_kind(library.cal.ddr_bytes_per_s),
+        }
     # same-model comparison: the same model's paper-like and iron-like plans, timed by the same model in this run
     plans = {name: builtin_plan(name, spec) for name in ("paper-like", "iron-like")}
     baselines = {name: time_plan(p, spec, prompt_len=prompt_len, library=library) for name, p in plans.items()}
@@ -159,6 +170,7 @@ def bench(
             "decode_of_floor": modeled.decode_tok_s / floor,
             "weights_preload_s": modeled.load_s,
             "dispatches_per_token": dict(modeled.dispatches),
+            "decode_launches": launches,
             "dispatches_per_layer": {s: plan.dispatches_per_layer(s) for s in ("prefill", "decode")},
             "groups": [{"name": g.name, **per_layer_entry(g)} for g in modeled.groups],
             "cpu_measured_ms": {
@@ -246,6 +258,21 @@ def _print(res: dict[str, Any]) -> None:
             f"TTFT {e['ttft_modeled_over_published']:.2f}x, "
             f"decode tok/s {e['decode_tok_s_modeled_over_published']:.2f}x"
         )
+    if m.get("decode_launches"):
+        dl = m["decode_launches"]
+        kinds = Table(
+            title=f"one decode dispatch by launch kind (modeled, ms per token; dispatch {dl['dispatch_s'] * 1e3:.3f}, "
+            f"switches + tile configuration {dl['switches_and_config_s'] * 1e3:.3f})"
+        )
+        for col in ("kind", "launches", "time", "fill + drain", "DDR MB", "at DDR rate", "bound"):
+            kinds.add_column(col, justify="left" if col in ("kind", "bound") else "right")
+        for k in dl["kinds"]:
+            kinds.add_row(
+                k["kind"], str(k["launches"]), f"{k['seconds'] * 1e3:.3f}", f"{k['fill_drain_s'] * 1e3:.3f}",
+                f"{k['ddr_bytes'] / 1e6:.2f}", f"{k['ddr_s'] * 1e3:.3f}",
+                ", ".join(f"{b} {n}" for b, n in sorted(k["bounds"].items())),
+            )  # fmt: skip
+        con.print(kinds)
     groups = Table(title="per-group breakdown (modeled; block groups per layer, ms)")
     for col in ("stage", "group", "where", "calls", "per call", "dispatch", "syncs", "cpu", "cpu (measured)"):
         groups.add_column(col, justify="right" if col not in ("stage", "group", "where") else "left")

@@ -148,6 +148,27 @@ class GroupTiming:
     def ddr_bytes(self) -> int:
         return sum(d.ddr_bytes for d in self.designs)
 
+    def by_kind(self, ddr_bytes_per_s: float) -> list[dict]:
+        """The launches grouped by kernel kind (a design name's first word), costliest first: count, modeled
+        seconds, the part of them that is pipeline fill and drain, DDR bytes, and those bytes' time at
+        ``ddr_bytes_per_s``. It shows where a dispatch's time goes beyond its DDR floor: a launch kind whose seconds
+        sit well above its DDR time is bound by fills and drains or compute, not by the weight feed."""
+        kinds: dict[str, dict] = {}
+        for d in self.designs:
+            k = kinds.setdefault(
+                d.name.split("_")[0], {"launches": 0, "seconds": 0.0, "fill_drain_s": 0.0, "ddr_bytes": 0, "bounds": {}}
+            )
+            k["launches"] += 1
+            k["seconds"] += d.seconds
+            k["fill_drain_s"] += (d.fill_cycles + d.drain_cycles) / d.clock_hz
+            k["ddr_bytes"] += d.ddr_bytes
+            k["bounds"][d.bound] = k["bounds"].get(d.bound, 0) + 1
+        rows = [
+            {"kind": name, **k, "ddr_s": k["ddr_bytes"] / ddr_bytes_per_s, "clock": "modeled"}
+            for name, k in kinds.items()
+        ]
+        return sorted(rows, key=lambda r: (-r["seconds"], r["kind"]))
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Structure: the hashable summary of a design that the model reads (and memoizes on)
