@@ -110,6 +110,8 @@ def bench(
         g = one[-1]
         launches = {
             "clock": "modeled",
+            "launches": g.launches,
+            "seconds": g.seconds,
             "dispatch_s": g.dispatch_overhead_s,
             "switches_and_config_s": g.launch_overhead_s,
             "kinds": g.by_kind(library.cal.ddr_bytes_per_s),

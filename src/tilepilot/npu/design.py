@@ -520,7 +520,7 @@ class Runtime:
         always, each unit is one iteration of a sequential launch loop); a unit too big for any group is cut between
         groups. Order is kept, so every task's inputs come from the same or an earlier group and no group waits on
         a later one. Every fifo a task moves must have its shim in ``shim_of``: its BDs are counted against that
-        shim's, so an unplaced one would be counted against no budget at all.
+        shim's, and unplaced ones would all be pooled under one shim that does not exist.
         """
         unplaced = sorted({f for units in streams for tasks in units for _, f, _, _ in tasks if shim_of.get(f) is None})
         if unplaced:

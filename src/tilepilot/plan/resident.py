@@ -24,6 +24,7 @@ from tilepilot.kernels.bind import MergedLinear, binding, make_config
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
+from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.design import Design, MultiLaunchGroup
 from tilepilot.npu.device import Device, Tile, npu2
 from tilepilot.npu.placer import SequentialPlacer
@@ -239,6 +240,7 @@ def fit_resident(
     unknown = sorted(set(starts or ()) - set(STARTS))
     if unknown:
         raise ConfigError(f"unknown resident search starts {unknown}; choose from {list(STARTS)}")
+    repaired: set[tuple] = set()  # configs a start's repair reached: a later start reaching them finds the same
     for n, start in enumerate(starts or STARTS):
         new = copy.deepcopy(plan)
         new.decode.resident = True
@@ -249,6 +251,10 @@ def fit_resident(
         except DesignError as e:
             failed.append(e)
             continue
+        state = tuple(tuple(sorted(s.call.config.items())) for s in slots)
+        if state in repaired:
+            continue  # the improvement from here is deterministic: an earlier start already has its result
+        repaired.add(state)
         if improve:
             notes += _improve(slots, built, device, rules)
         seconds = 0.0
@@ -464,27 +470,30 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
     first packing, so it can stop short of one that is legal and faster (a launch that freed a tile early keeps a
     slow config after the tile that forced it has room again). Each sweep lists the slots' faster candidates, alone
     or with the launches of the family that share the slot's config (so a layout they share stays shared), most
-    modeled time saved per token first, and takes each that still packs beside the changes already taken; sweeps
-    repeat while one takes a change, up to ``MAX_IMPROVE_TRIALS`` packings. Every change lowers the modeled time."""
+    modeled time saved per token first, and takes each that still packs beside the changes already taken and
+    lowers the pass's modeled time (the launches' time plus one configuration per packed tile, as
+    ``npu.resident.time_resident`` counts it); sweeps repeat while one takes a change, up to
+    ``MAX_IMPROVE_TRIALS`` packings."""
     notes: list[str] = []
     trials = 0
+    current = [built.get(s.call.family, s.shape(s.call.config), s.call.config) for s in slots]
+    if any(b is None for b in current):
+        return notes
+    tiles = _packed_tiles(current, device)
     while trials < MAX_IMPROVE_TRIALS:
-        current = [built.get(s.call.family, s.shape(s.call.config), s.call.config) for s in slots]
-        if any(b is None for b in current):
-            return notes
-        options: list[tuple[float, int, int, tuple[int, ...], dict[str, Any]]] = []
+        options: dict[tuple, tuple[float, int, int, tuple[int, ...], dict[str, Any]]] = {}
         for i, s in enumerate(slots):
             twins = tuple(k for k, t in enumerate(slots) if t.call.family == s.call.family
                           and t.call.config == s.call.config)  # fmt: skip
             for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
                 cd = asdict(cfg)
                 for group in sorted({(i,), twins}, key=len):
-                    gain = _gain(group, cd, slots, current, built, keep)
-                    if gain > 0:
-                        options.append((-gain, i, j, group, cd))
-        options.sort(key=lambda o: (o[0], o[1], o[2], len(o[3])))
+                    key = (group, tuple(sorted(cd.items())))
+                    gain = 0.0 if key in options else _gain(group, cd, slots, current, built, keep)
+                    if gain > 0:  # a group shared by several slots is listed once
+                        options[key] = (-gain, i, j, group, cd)
         changed: set[int] = set()
-        for neg, _, _, group, cd in options:
+        for neg, _, _, group, cd in sorted(options.values(), key=lambda o: (o[0], o[1], o[2], len(o[3]))):
             if trials >= MAX_IMPROVE_TRIALS:
                 break
             if changed & set(group):
@@ -493,17 +502,27 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
             trial = list(current)
             for k in group:
                 trial[k] = built.get(slots[k].call.family, slots[k].shape(cd), cd)
-            if pack("decode", [d for b in trial if b is not None for d in b.designs]).problems:
+            packing = pack("decode", [d for b in trial if b is not None for d in b.designs])
+            if packing.problems:
                 continue
-            current = trial
+            more = packing.tiles(device) - tiles
+            saved = -neg - more * CALIBRATION.tile_config_s
+            if saved <= 0:
+                continue  # faster launches on so many more tiles that configuring them costs more
+            current, tiles = trial, tiles + more
             changed |= set(group)
             for k in group:
                 notes.append(f"{slots[k].call.op}: {slots[k].call.family} config {slots[k].call.config} -> {cd}")
                 slots[k].call.config = dict(cd)
-            notes[-1] += f" (improvement: {neg * 1e6:+.1f} us/token modeled)"
+            notes[-1] += f" (improvement: {-saved * 1e6:+.2f} us/token modeled)"
         if not changed:
             return notes
     return notes
+
+
+def _packed_tiles(current: list[_Built | None], device: Device) -> int:
+    """Tiles the packed pass configures (``Packing.tiles``)."""
+    return pack("decode", [d for b in current if b is not None for d in b.designs]).tiles(device)
 
 
 def _gain(

@@ -234,8 +234,8 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 # measurement conditions, or, for records without that figure, at the deployment's own decode context.
 MODEL_ERROR_BASIS = {
     "as_measured": "modeled paper-like, decode at the paper's short prompt",
-    "deployment_context": "modeled paper-like, decode at the deployment's own context (this record has no "
-    "figure at the paper's short prompt)",
+    "deployment_context": "modeled paper-like, decode at the deployment's own context; this record has no "
+    "figure at the paper's short prompt",
 }
 
 
