@@ -121,6 +121,10 @@ class _Designs:
     def get(self, fam: str, shape: Any, config: dict[str, Any]) -> _Built | None:
         return _build(fam, shape, tuple(sorted(config.items())), self.device)
 
+    def of(self, slot: _Slot) -> _Built | None:
+        """The slot's launch at its current config."""
+        return self.get(slot.call.family, slot.shape(slot.call.config), slot.call.config)
+
 
 @functools.lru_cache(maxsize=512)
 def _candidates(fam: str, shape: Any, device: Device) -> tuple:
@@ -259,7 +263,7 @@ def fit_resident(
             notes += _improve(slots, built, device, rules)
         seconds = 0.0
         for s in slots:
-            got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+            got = built.of(s)
             assert got is not None
             seconds += got.seconds * s.per_token
         found.append((seconds, n, new, [f"search from {start}: {seconds * 1e3:.3f} ms/token of launches (modeled)"]
@@ -290,7 +294,7 @@ def _start(start: str, slots: list[_Slot], built: _Designs, device: Device, keep
         return _one_per_family(slots, built, device, keep) + _rest_on_half(slots, built, device, keep)
     notes = []
     for s in slots:
-        cur = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+        cur = built.of(s)
         best = _fastest(s, built, device, keep)
         if cur is not None and (best is None or cur.seconds <= best[0]):
             best = (cur.seconds, s.call.config)
@@ -326,7 +330,7 @@ def _rest_on_half(slots: list[_Slot], built: _Designs, device: Device, keep: _Ru
     columns (see ``STARTS``)."""
     cost: dict[str, float] = {}
     for s in slots:
-        got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+        got = built.of(s)
         cost[s.call.family] = cost.get(s.call.family, 0.0) + (got.seconds * s.per_token if got else 0.0)
     if not cost:
         return []
@@ -335,7 +339,7 @@ def _rest_on_half(slots: list[_Slot], built: _Designs, device: Device, keep: _Ru
     for s in slots:
         if s.call.family == heaviest:
             continue
-        now = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+        now = built.of(s)
         if now is not None and _columns(now, device) <= device.columns // 2:
             continue
         best = _fastest(s, built, device, keep, lambda got: _columns(got, device) <= device.columns // 2)
@@ -353,7 +357,7 @@ def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: _
     for fam, group in families.items():
         if len(group) < 2:
             continue
-        now = [built.get(fam, s.shape(s.call.config), s.call.config) for s in group]
+        now = [built.of(s) for s in group]
         if any(b is None for b in now):
             continue
         lead = max(zip(group, now, strict=True), key=lambda sb: sb[1].seconds * sb[0].per_token)[0]
@@ -386,11 +390,11 @@ def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep
     for _ in range(max_steps + 1):
         current = []
         for s in slots:
-            got = built.get(s.call.family, s.shape(s.call.config), s.call.config)
+            got = built.of(s)
             if got is None:
                 raise DesignError([], f"{s.call.op}: its {s.call.family} config {s.call.config} is not legal")
             current.append(got)
-        packing = pack("decode", [d for b in current for d in b.designs])
+        packing = _pack(current)
         if not packing.problems:
             return notes
         tile = packing.problems[0].tile
@@ -476,10 +480,10 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
     ``MAX_IMPROVE_TRIALS`` packings."""
     notes: list[str] = []
     trials = 0
-    current = [built.get(s.call.family, s.shape(s.call.config), s.call.config) for s in slots]
+    current = [built.of(s) for s in slots]
     if any(b is None for b in current):
         return notes
-    tiles = _packed_tiles(current, device)
+    tiles = _pack(current).tiles(device)
     while trials < MAX_IMPROVE_TRIALS:
         options: dict[tuple, tuple[float, int, int, tuple[int, ...], dict[str, Any]]] = {}
         for i, s in enumerate(slots):
@@ -502,7 +506,7 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
             trial = list(current)
             for k in group:
                 trial[k] = built.get(slots[k].call.family, slots[k].shape(cd), cd)
-            packing = pack("decode", [d for b in trial if b is not None for d in b.designs])
+            packing = _pack(trial)
             if packing.problems:
                 continue
             more = packing.tiles(device) - tiles
@@ -520,9 +524,9 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
     return notes
 
 
-def _packed_tiles(current: list[_Built | None], device: Device) -> int:
-    """Tiles the packed pass configures (``Packing.tiles``)."""
-    return pack("decode", [d for b in current if b is not None for d in b.designs]).tiles(device)
+def _pack(launches: list[_Built | None]) -> Packing:
+    """The slots' launches packed as one resident decode pass (``npu.resident.pack``)."""
+    return pack("decode", [d for b in launches if b is not None for d in b.designs])
 
 
 def _gain(
