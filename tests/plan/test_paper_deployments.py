@@ -77,3 +77,31 @@ def test_a_model_cut_to_fewer_layers_keeps_its_deployment():
     cut = type(spec).from_dict({**spec.to_dict(), "n_layers": 2})
     assert paper_deployment(cut) == paper_deployment(spec)
     assert paper_like_plan(cut).dispatches_per_layer("prefill") == 7
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-0.5b", "qwen3-4b", "llama-3.2-1b"])
+def test_paper_like_lm_head_is_partitioned_as_the_paper_deployed_it(model):
+    """AIR's Qwen deployments cut the 151936-word head into 19 partitions of 8192 rows (the push_queue repeat-count
+    limit); Llama's 128256 words into 8 of 16384. The plan names the partition size and the tiling completes."""
+    from tilepilot.kernels import lm_head
+    from tilepilot.kernels.bind import make_config
+
+    spec = get_zoo_model(model).spec()
+    expected = {"qwen2.5-0.5b": 19, "qwen3-4b": 19, "llama-3.2-1b": 8}[model]
+    for stage in ("prefill", "decode"):
+        (call,) = [c for g in paper_like_plan(spec).stage(stage).groups() for c in g.calls if c.op == "lm_head"]
+        shape = lm_head.Shape(vocab=spec.vocab, k=spec.hidden, m=1)
+        cfg = make_config(lm_head, shape, call.config)
+        assert len(lm_head.partitions(shape, cfg)) == expected
+        assert len(lm_head.make_design(shape, cfg).designs) == expected
+
+
+def test_a_partial_lm_head_config_that_cannot_tile_is_an_error():
+    from tilepilot.kernels import lm_head
+    from tilepilot.npu.validate import DesignError
+
+    shape = lm_head.Shape(vocab=151936, k=896, m=1)
+    with pytest.raises(DesignError, match="partition_rows must be positive"):
+        lm_head.complete_config(shape, {"partition_rows": 0})
+    with pytest.raises(DesignError, match="does not fit"):
+        lm_head.complete_config(shape, {"partition_rows": 8192, "tile_k": 1000})

@@ -19,7 +19,7 @@ With more than ``gemv.MAX_TOKENS`` tokens the partitions are GEMM designs instea
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -309,14 +309,29 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     return out
 
 
-def default_config(shape: Shape, device: Device | None = None) -> Config:
-    """AIR's layout: 16384-row partitions, each the GEMV family's default tiling of a full partition."""
+def default_config(shape: Shape, device: Device | None = None, partition_rows: int = PARTITION_ROWS) -> Config:
+    """AIR's layout: 16384-row partitions (or ``partition_rows``), each the GEMV family's default tiling of a full
+    partition."""
     device = device or npu2()
-    rows = min(PARTITION_ROWS, shape.vocab)
+    rows = min(partition_rows, shape.vocab)
     g = gemv.default_config(gemv.Shape(_padded_rows_for_default(rows), shape.k, min(shape.m, gemv.MAX_TOKENS)), device)
     cfg = _from_gemv(rows, g)
     if not _legal(shape, cfg, device):
         raise _err(f"no LM-head tiling fits {shape}")
+    return cfg
+
+
+def complete_config(shape: Shape, config: dict[str, Any], device: Device | None = None) -> Config:
+    """A partial config completed from the default tiling of a partition of the size it names (so a plan can state
+    only a deployment's partitioning, e.g. AIR's 8192-row partitions for a 151936-word vocabulary, and keep a
+    tiling that fits the shape); an illegal result is the validator's error, never a silent fallback."""
+    device = device or npu2()
+    if "partition_rows" in config and config["partition_rows"] < 1:
+        raise _err(f"partition_rows must be positive, got {config['partition_rows']}")
+    base = default_config(shape, device, config.get("partition_rows", PARTITION_ROWS))
+    cfg = replace(base, **config)
+    if not _legal(shape, cfg, device):
+        raise _err(f"LM-head config {config} does not fit {shape}")
     return cfg
 
 

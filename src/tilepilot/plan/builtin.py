@@ -171,6 +171,8 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
             block = [_group("rms_gemv_rope", pre, stage), _group("cpu_attention", [*kv_write, attn], stage, "cpu")]
             block += [_group("o_gemv_ffn", post, stage)] if facts.decode_cascade else _decode_standalone(post)
         head = [_group("cpu_final_norm", [final_norm], stage, "cpu"), _group("lm_head", [lm_head], stage)]
+        if known:  # the paper's own partitioning of its LM head (a shape it did not deploy keeps the default)
+            head[1].calls[0].config = {"partition_rows": facts.lm_head_rows}
         return StagePlan(block=block, head=head)
 
     plan = DeploymentPlan(
@@ -196,7 +198,8 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
             "decode attention and the final RMSNorm on the host CPU"
             + ("" if facts.decode_cascade else "; decode projections standalone GEMVs, the M=1 glue on the CPU"),
             ("head-first FlashAttention with host seq<->head transposes" if head_first else "seq-first layout")
-            + "; static weights preloaded once; redundant writes skipped; LM head on the NPU",
+            + "; static weights preloaded once; redundant writes skipped; LM head on the NPU"
+            + (f" in {facts.lm_head_rows}-row partitions" if known else ""),
         ],
     )
     check_plan(plan, spec)

@@ -42,6 +42,10 @@ class PaperDeployment:
     ``head_first``: prefill FlashAttention is head-first, with the host seq<->head transposes around it.
     ``dispatches``: the paper's NPU dispatches per layer (prefill, decode), the table's last column, which the
     plan built from the other facts must reproduce (tested).
+    ``lm_head_rows``: vocabulary rows per LM-head partition (one GEMV launch each, at the prefill's end and per
+    decode token): 16384 for Llama's 128256 words (8 partitions, ``llama32_1b_inference.py``), 8192 for the
+    151936 words of Qwen2.5 and Qwen3 (19 partitions: "n_part/32 - 1 = 255 (at the repeat-count limit)" of the
+    input vector's push_queue, ``<model>_decode.py`` of each Qwen deployment in mlir-air llms/).
     """
 
     model: str
@@ -51,12 +55,18 @@ class PaperDeployment:
     head_first: bool
     dispatches: tuple[int, int]
     source: str
+    lm_head_rows: int = 16384
+
+
+# AIR's LM-head partition for the 151936-word vocabulary of Qwen2.5 and Qwen3 (the push_queue repeat-count limit)
+QWEN_LM_HEAD_ROWS = 8192
 
 
 def _row(model: str, shape: tuple, cuts: tuple[str, ...], cascade: bool, dispatches: tuple[int, int], arch: str):
     head_first = shape[5] >= 128
     src = f"{XDNA2_SOURCE}: {model} {dispatches[0]} / {dispatches[1]}; split: mlir-air llms/{arch}/ARCHITECTURE.md"
-    return PaperDeployment(model, shape, cuts, cascade, head_first, dispatches, src)
+    lm_rows = QWEN_LM_HEAD_ROWS if shape[0] in ("qwen2", "qwen3") else 16384
+    return PaperDeployment(model, shape, cuts, cascade, head_first, dispatches, src, lm_rows)
 
 
 _UNMERGED = ("gate_proj", "up_proj", "swiglu")  # o_res_norm | gate | up | swiglu+down_add
