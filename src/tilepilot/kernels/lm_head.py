@@ -35,7 +35,8 @@ from tilepilot.oracle.ops import linear
 
 FAMILY = "lm_head"
 # Vocabulary rows per partition in the published AIR LM heads (npu2_kernel_measurements.json, gemv rows
-# "LM-head (per-partition)": 16384 x K for Llama-3.2-1B, Qwen3-0.6B/4B, Qwen2.5-0.5B/1.5B).
+# "LM-head (per-partition)": 16384 x K for Llama-3.2-1B, Qwen3-0.6B/4B, Qwen2.5-0.5B/1.5B). The registry measured
+# those shapes at 16384 rows; the Qwen deployments themselves run 8192-row partitions (``plan.paper_deployments``).
 PARTITION_ROWS = 16384
 PARTITION_CHOICES = (8192, 16384, 32768)
 # How the last partition meets a vocabulary that ``partition_rows`` does not divide. "pad": its launch reads its own
