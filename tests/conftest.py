@@ -19,6 +19,7 @@ peak is these checkpoints (several GB), and they were written twice over.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def _built_once(tmp_path_factory, name: str, build: Callable[[Path], Path]) -> P
     with FileLock(str(shared / f"{name}.lock")):
         if not done.exists():
             root = shared / name
+            shutil.rmtree(root, ignore_errors=True)  # a build that raised left a partial copy: start it again
             root.mkdir()
             done.write_text(str(build(root)))
     return Path(done.read_text())
