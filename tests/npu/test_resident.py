@@ -57,6 +57,35 @@ def test_a_pass_whose_launches_cannot_fit_together_is_an_error_with_its_code():
     assert "L1_OVERFLOW" in e.value.codes
 
 
+def test_a_packing_asked_again_is_the_one_computed_and_names_the_pass_it_is_asked_for():
+    launches = [_add(8, chunk) for chunk in (4096, 3840, 3584, 3328, 3072)]
+    first = pack("first", launches)
+    same = pack("second", launches + launches)  # the same distinct designs in the same order: remembered
+    assert same.moves == first.moves and same.use == first.use
+    assert [v.code for v in same.problems] == [v.code for v in first.problems] and same.problems
+    assert all("resident pass second" in v.message for v in same.problems)
+    assert all("resident pass first" in v.message for v in first.problems)
+    fresh = [_add(8, chunk) for chunk in (4096, 3840, 3584, 3328, 3072)]  # equal designs, other objects
+    assert pack("third", fresh).moves == {id(f): first.moves[id(a)] for f, a in zip(fresh, launches, strict=True)}
+
+
+def test_a_packing_trial_and_the_validator_agree_on_every_budget():
+    from tilepilot.npu.device import npu2
+    from tilepilot.npu.resources import TileUse
+    from tilepilot.npu.validate import budget_problems, within_budgets
+
+    dev = npu2()
+    tile = _add(8, 4096).workers[0].placement
+    r = dev.resources(tile)
+    legal = TileUse(memory=r.memory_bytes, s2mm=r.s2mm_channels, mm2s=r.mm2s_channels, bds=r.bds, locks=r.locks)
+    assert within_budgets(dev, {tile: legal}) and budget_problems(dev, {tile: legal}) == []
+    for field, code in (("memory", "L1_OVERFLOW"), ("s2mm", "DMA_CHANNELS"), ("mm2s", "DMA_CHANNELS"),
+                        ("bds", "BD_LIMIT"), ("locks", "LOCK_LIMIT")):  # fmt: skip
+        over = TileUse(**{**legal.__dict__, "parts": [], field: getattr(legal, field) + 1})
+        assert not within_budgets(dev, {tile: over})
+        assert [v.code for v in budget_problems(dev, {tile: over})] == [code]
+
+
 def test_resident_time_is_one_dispatch_one_configuration_and_the_launches_without_switches():
     a, b = _add(8, 4096), _add(8, 4096, calls=2)
     cal = CALIBRATION

@@ -132,3 +132,26 @@ def test_a_prefill_head_config_must_be_legal_for_every_position_s_logits():
     sizes = sizes_for("prefill", SimpleNamespace(settings=Settings()))
     assert not legal_at(spec, head, bad, sizes)
     assert legal_at(spec, head, {**bad, "tile_k": 256}, sizes)
+
+
+def test_legality_is_remembered_per_shape_and_config_and_gives_the_same_answer():
+    """Tile tuning asks legal_at of every registry row at five sizes, for ops of one shape again and again; the
+    answer is a function of (family, shape, config) and is remembered, never changed."""
+    from types import SimpleNamespace
+
+    from tilepilot.harness.probes import plan_calls
+    from tilepilot.model.zoo import get_zoo_model
+    from tilepilot.plan.builtin import iron_like_plan
+    from tilepilot.skills.optimize import kernels
+    from tilepilot.skills.settings import Settings
+
+    spec = get_zoo_model("llama-3.2-1b").spec(layers=1)
+    calls = [c for c in plan_calls(iron_like_plan(spec)) if c.stage == "prefill" and c.op in ("q_proj", "o_proj")]
+    sizes = kernels.sizes_for("prefill", SimpleNamespace(settings=Settings()))
+    good: dict = {}  # the family default at every size
+    bad = {"tile_m": 512, "tile_n": 512, "tile_k": 512}  # 1.5 MiB of operands per tile: over every L1
+    answers = [(kernels.legal_at(spec, c, good, sizes), kernels.legal_at(spec, c, bad, sizes)) for c in calls]
+    hits = kernels._legal_shape.cache_info().hits
+    again = [(kernels.legal_at(spec, c, good, sizes), kernels.legal_at(spec, c, bad, sizes)) for c in calls]
+    assert answers == again == [(True, False)] * 2  # Q and O of Llama-3.2-1B are both 2048 x 2048
+    assert kernels._legal_shape.cache_info().hits > hits

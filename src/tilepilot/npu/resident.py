@@ -37,7 +37,7 @@ from tilepilot.npu.device import Device, Tile
 from tilepilot.npu.placer import SequentialPlacer, translate
 from tilepilot.npu.resources import TileUse, add_use, resource_claims
 from tilepilot.npu.timing import GroupTiming, time_design
-from tilepilot.npu.validate import DesignError, Violation, budget_problems
+from tilepilot.npu.validate import DesignError, Violation, budget_problems, within_budgets
 
 
 def distinct(designs: Sequence[Design]) -> list[Design]:
@@ -68,12 +68,14 @@ class Occupancy:
     def __init__(self) -> None:
         self.layouts: dict[Tile, dict[tuple, tuple[int, TileUse]]] = {}
         self.channels: dict[Tile, tuple[int, int]] = {}
+        self._totals: dict[Tile, tuple[int, int, int, int]] = {}
 
     def merge(self, summary: Summary, tiles: set[Tile] | None = None) -> None:
         for tile, (layouts, (s2mm, mm2s)) in summary.items():
             if tiles is not None and tile not in tiles:
                 continue
             have = self.layouts.setdefault(tile, {})
+            self._totals.pop(tile, None)
             for key, (n, part) in layouts.items():
                 was = have.get(key)
                 if was is None:
@@ -102,18 +104,57 @@ class Occupancy:
         out.channels = {t: self.channels[t] for t in tiles if t in self.channels}
         return out
 
-    def use_of(self, tile: Tile) -> TileUse:
+    def use_of(self, tile: Tile, detail: bool = True) -> TileUse:
+        """The tile's demand; ``detail=False`` without the memory contributions (numbers only, for a trial)."""
         total = TileUse()
         for key, (n, part) in self.layouts.get(tile, {}).items():
-            if key == ("shim_bds",):
-                total.bds = max(total.bds, part.bds)
+            if key == _SHIM_BDS:  # the busiest task group's BDs, however many launches held them (a shim has no others)
+                total.bds += part.bds
                 continue
-            add_use(total, part, n)
+            add_use(total, part, n, detail)
         total.s2mm, total.mm2s = self.channels.get(tile, (0, 0))
         return total
 
-    def use(self, tiles: Iterable[Tile] | None = None) -> dict[Tile, TileUse]:
-        return {t: self.use_of(t) for t in (self.layouts if tiles is None else tiles)}
+    def use(self, tiles: Iterable[Tile] | None = None, detail: bool = True) -> dict[Tile, TileUse]:
+        return {t: self.use_of(t, detail) for t in (self.layouts if tiles is None else tiles)}
+
+    def use_with(self, summary: Summary) -> dict[Tile, TileUse]:
+        """The demand of ``summary``'s tiles were it merged in (numbers only; nothing is changed or copied): what a
+        packing trial asks of every move it tries. Each tile's held totals are kept (``_totals``), so a trial adds
+        only what its own layouts change."""
+        out: dict[Tile, TileUse] = {}
+        for tile, (layouts, (s2mm, mm2s)) in summary.items():
+            have = self.layouts.get(tile, {})
+            memory, bds, locks, shim = self._totals_of(tile)
+            for key, new in layouts.items():
+                was = have.get(key)
+                n, part = new if was is None else (max(was[0], new[0]), _wider(new[1], was[1]))
+                if key == _SHIM_BDS:
+                    shim = part.bds  # one such claim per shim tile
+                    continue
+                memory, bds, locks = memory + n * part.memory, bds + n * part.bds, locks + n * part.locks
+                if was is not None:
+                    m, p = was
+                    memory, bds, locks = memory - m * p.memory, bds - m * p.bds, locks - m * p.locks
+            c = self.channels.get(tile, (0, 0))
+            out[tile] = TileUse(memory=memory, s2mm=max(c[0], s2mm), mm2s=max(c[1], mm2s), bds=bds + shim, locks=locks)
+        return out
+
+    def _totals_of(self, tile: Tile) -> tuple[int, int, int, int]:
+        """(memory, BDs, locks, shim BDs) the tile holds now: ``use_of``'s numbers, remembered until a merge."""
+        got = self._totals.get(tile)
+        if got is None:
+            memory = bds = locks = shim = 0
+            for key, (n, part) in self.layouts.get(tile, {}).items():
+                if key == _SHIM_BDS:
+                    shim = part.bds
+                    continue
+                memory, bds, locks = memory + n * part.memory, bds + n * part.bds, locks + n * part.locks
+            got = self._totals[tile] = (memory, bds, locks, shim)
+        return got
+
+
+_SHIM_BDS = ("shim_bds",)
 
 
 def summarize(claims: Claims) -> Summary:
@@ -178,12 +219,38 @@ def pack(name: str, designs: Sequence[Design]) -> Packing:
     """Pack the distinct designs of a resident pass onto one array, deterministically: the designs with the most
     workers first, each at the nearest move of its own placement (``npu.placer.translate``: whole columns, compute
     rows) where everything packed so far and it fit the tile budgets together; a design that fits nowhere stays
-    where its placer put it and the pass's problems say which budgets break."""
+    where its placer put it and the pass's problems say which budgets break.
+
+    A packing is a function of its designs alone, so it is remembered (by the identity of the designs, which are
+    held, for the last ``_PACKS_KEPT`` sets): a deployment's resident search, its re-fits and every timing of the
+    resident plan ask for the same sets again. The returned ``placed`` and ``use`` are shared: read them only."""
     if not designs:
         raise InputError(f"Resident pass {name!r} holds no launches; give it at least one design.")
-    placer = SequentialPlacer()
-    device = designs[0].device
     ds = distinct(designs)
+    key = tuple(id(d) for d in ds)
+    hit = _PACKS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], ds, strict=True)):
+        _PACKS.move_to_end(key)
+    else:
+        hit = (ds, *_pack_distinct(ds))
+        _PACKS[key] = hit
+        while len(_PACKS) > _PACKS_KEPT:
+            _PACKS.popitem(last=False)
+    _, placed, use, problems, moves = hit
+    named = tuple(Violation(v.code, v.tile, f"resident pass {name}: {v.message}") for v in problems)
+    return Packing(placed, use, named, moves)
+
+
+_PACKS: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
+_PACKS_KEPT = 512
+
+
+def _pack_distinct(
+    ds: list[Design],
+) -> tuple[dict[int, Design], dict[Tile, TileUse], list[Violation], dict[int, tuple[int, int]]]:
+    """``pack`` of distinct designs: where each goes, the demand of all, the budgets it breaks, the moves."""
+    placer = SequentialPlacer()
+    device = ds[0].device
     order = sorted(range(len(ds)), key=lambda i: (-len(ds[i].workers), i))
     occ = Occupancy()
     placed: dict[int, Design] = {}
@@ -192,19 +259,13 @@ def pack(name: str, designs: Sequence[Design]) -> Packing:
         d = ds[i] if ds[i].is_placed() else placer.place(ds[i])
         move = (0, 0)
         for m in _moves(d):
-            summary = summary_of(d, m)
-            trial = occ.only(set(summary))
-            trial.merge(summary)
-            if not budget_problems(device, trial.use(summary)):
+            if within_budgets(device, occ.use_with(summary_of(d, m))):
                 move = m
                 break
         occ.add(d, move)
         placed[id(ds[i])], moves[id(ds[i])] = translate(d, *move), move
     use = occ.use()
-    problems = tuple(
-        Violation(v.code, v.tile, f"resident pass {name}: {v.message}") for v in budget_problems(device, use)
-    )
-    return Packing(placed, use, problems, moves)
+    return placed, use, budget_problems(device, use), moves
 
 
 def tiles_of(design: Design, move: tuple[int, int] = (0, 0)) -> set[Tile]:

@@ -31,6 +31,7 @@ innermost transfer and offset must be whole 32-bit words; every element inside t
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tilepilot.errors import TilepilotError
@@ -552,30 +553,47 @@ def _resources(design: Design) -> list[Violation]:
     return budget_problems(design.device, resource_use(design))
 
 
+def _breaches(dev: Device, tile: Tile, u: TileUse) -> Iterator[str]:
+    """The per-tile budgets ``u`` breaks on ``tile`` ("memory", "s2mm", "mm2s", "bds", "locks"), the one statement
+    of those rules (``budget_problems`` words them, ``within_budgets`` only asks)."""
+    r = dev.resources(tile)
+    if dev.kind(tile) in ("compute", "mem") and u.memory > r.memory_bytes:
+        yield "memory"
+    if u.s2mm > r.s2mm_channels:
+        yield "s2mm"
+    if u.mm2s > r.mm2s_channels:
+        yield "mm2s"
+    if u.bds > r.bds:
+        yield "bds"
+    if u.locks > r.locks:
+        yield "locks"
+
+
+def within_budgets(dev: Device, uses: dict[Tile, TileUse]) -> bool:
+    """Whether the demand ``uses`` keeps every per-tile budget (what a packing trial asks, thousands of times)."""
+    return not any(next(_breaches(dev, tile, u), None) for tile, u in uses.items())
+
+
 def budget_problems(dev: Device, uses: dict[Tile, TileUse]) -> list[Violation]:
     """Every per-tile budget (memory, DMA channels, BDs, locks) the demand ``uses`` breaks on ``dev``."""
     out: list[Violation] = []
     for tile, u in sorted(uses.items()):
         kind = dev.kind(tile)
         r = dev.resources(tile)
-        if kind in ("compute", "mem") and u.memory > r.memory_bytes:
-            code = "L1_OVERFLOW" if kind == "compute" else "L2_OVERFLOW"
-            out.append(
-                Violation(
-                    code, tile, f"{kind} tile {tile} needs {u.memory} B of {r.memory_bytes} B ({'; '.join(u.parts)})"
-                )
-            )
-        for direction, used, have in (("S2MM (in)", u.s2mm, r.s2mm_channels), ("MM2S (out)", u.mm2s, r.mm2s_channels)):
-            if used > have:
-                out.append(
-                    Violation(
-                        "DMA_CHANNELS", tile, f"{kind} tile {tile} needs {used} {direction} DMA channels, has {have}"
-                    )
-                )
-        if u.bds > r.bds:
-            out.append(Violation("BD_LIMIT", tile, f"{kind} tile {tile} needs {u.bds} buffer descriptors, has {r.bds}"))
-        if u.locks > r.locks:
-            out.append(Violation("LOCK_LIMIT", tile, f"{kind} tile {tile} needs {u.locks} locks, has {r.locks}"))
+        for breach in _breaches(dev, tile, u):
+            if breach == "memory":
+                code = "L1_OVERFLOW" if kind == "compute" else "L2_OVERFLOW"
+                message = f"{kind} tile {tile} needs {u.memory} B of {r.memory_bytes} B ({'; '.join(u.parts)})"
+            elif breach in ("s2mm", "mm2s"):
+                inward = breach == "s2mm"
+                direction = "S2MM (in)" if inward else "MM2S (out)"
+                used, have = (u.s2mm, r.s2mm_channels) if inward else (u.mm2s, r.mm2s_channels)
+                code, message = "DMA_CHANNELS", f"{kind} tile {tile} needs {used} {direction} DMA channels, has {have}"
+            elif breach == "bds":
+                code, message = "BD_LIMIT", f"{kind} tile {tile} needs {u.bds} buffer descriptors, has {r.bds}"
+            else:
+                code, message = "LOCK_LIMIT", f"{kind} tile {tile} needs {u.locks} locks, has {r.locks}"
+            out.append(Violation(code, tile, message))
     return out
 
 

@@ -152,7 +152,7 @@ def _excess(tiles: set[Tile], occ: Occupancy, device: Device) -> float:
     used / budget - 1 over the budgets they break."""
     total = 0.0
     for tile in tiles:
-        u = occ.use_of(tile)
+        u = occ.use_of(tile, detail=False)
         if device.kind(tile) == "off":
             return float("inf")
         r = device.resources(tile)

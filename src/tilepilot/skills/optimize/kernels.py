@@ -9,6 +9,7 @@ accumulator) unchanged: accuracy trade-offs belong to ``vectorized-variants``, w
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import asdict, fields, replace
 from typing import Any
@@ -45,7 +46,6 @@ def resolved_config(spec, call: CallRef, rows: int, context: int):
 def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int, int]]) -> bool:
     """Whether ``config`` builds and validates for this call at every (rows, context) in ``sizes``."""
 
-    mod = family_module(call.family)
     for rows, context in sizes:
         try:
             # a prefill head also runs over every row when a gate asks for all positions' logits
@@ -55,13 +55,33 @@ def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int,
                 and (every := call_shape(spec, call, rows, context, config, all_logits=True)) != shapes[0]
             ):
                 shapes.append(every)
-            for shape in shapes:
-                d = mod.make_design(shape, config_for(call.family, shape, config))
-                if validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d):
-                    return False
+            if not all(_legal(call.family, shape, config) for shape in shapes):
+                return False
         except Exception:
             return False
     return True
+
+
+def _legal(family: str, shape: Any, config: dict[str, Any]) -> bool:
+    key = tuple(sorted(config.items()))
+    try:
+        hash((shape, key))
+    except TypeError:  # a config holding a list (read back from JSON): build it without the memo
+        return _legal_shape.__wrapped__(family, shape, key)
+    return _legal_shape(family, shape, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _legal_shape(family: str, shape: Any, config: tuple) -> bool:
+    """Whether the family's design for ``shape`` at ``config`` builds and validates: a function of the three alone,
+    remembered because tuning asks it of every registry row at five sizes, for ops of one shape again and again
+    (Q and O, gate and up), in both optimization phases (a 2048-row GEMM design takes ~40 ms to build)."""
+    mod = family_module(family)
+    try:
+        d = mod.make_design(shape, config_for(family, shape, dict(config)))
+    except Exception:
+        return False
+    return not (validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d))
 
 
 def sizes_for(stage: str, ctx) -> list[tuple[int, int]]:
