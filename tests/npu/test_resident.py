@@ -61,12 +61,28 @@ def test_a_packing_asked_again_is_the_one_computed_and_names_the_pass_it_is_aske
     launches = [_add(8, chunk) for chunk in (4096, 3840, 3584, 3328, 3072)]
     first = pack("first", launches)
     same = pack("second", launches + launches)  # the same distinct designs in the same order: remembered
-    assert same.moves == first.moves and same.use == first.use
+    assert same.moves == first.moves and same.use is first.use  # not recomputed: the very demand computed first
     assert [v.code for v in same.problems] == [v.code for v in first.problems] and same.problems
     assert all("resident pass second" in v.message for v in same.problems)
     assert all("resident pass first" in v.message for v in first.problems)
     fresh = [_add(8, chunk) for chunk in (4096, 3840, 3584, 3328, 3072)]  # equal designs, other objects
     assert pack("third", fresh).moves == {id(f): first.moves[id(a)] for f, a in zip(fresh, launches, strict=True)}
+
+
+def test_a_trial_demand_is_what_merging_the_design_in_would_hold():
+    from tilepilot.npu.resident import Occupancy, summary_of
+
+    held = [_add(8, 4096), _add(4, 2048), _add(2, 1024)]
+    trial = _add(8, 3072)
+    for move in ((0, 0), (2, 0), (4, 0)):
+        occ = Occupancy.of((d, (0, 0)) for d in held)
+        summary = summary_of(trial, move)
+        asked = occ.use_with(summary)
+        assert occ.use(detail=False) == Occupancy.of((d, (0, 0)) for d in held).use(detail=False)  # unchanged
+        occ.merge(summary)
+        merged = occ.use(asked, detail=False)
+        assert asked == merged
+        assert any(u.memory > 0 for u in asked.values())
 
 
 def test_a_packing_trial_and_the_validator_agree_on_every_budget():

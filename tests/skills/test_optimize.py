@@ -155,3 +155,31 @@ def test_legality_is_remembered_per_shape_and_config_and_gives_the_same_answer()
     again = [(kernels.legal_at(spec, c, good, sizes), kernels.legal_at(spec, c, bad, sizes)) for c in calls]
     assert answers == again == [(True, False)] * 2  # Q and O of Llama-3.2-1B are both 2048 x 2048
     assert kernels._legal_shape.cache_info().hits > hits
+
+
+def test_a_remembered_legality_tells_an_int_config_from_an_equal_float_one_and_an_unknown_family_raises():
+    """64 == 64.0, yet a float tile size does not build: the memo must not hand one's answer to the other."""
+    from dataclasses import asdict, replace
+
+    import pytest
+
+    from tilepilot.errors import ConfigError
+    from tilepilot.harness.probes import plan_calls
+    from tilepilot.kernels.registry import family
+    from tilepilot.model.zoo import get_zoo_model
+    from tilepilot.plan.builtin import iron_like_plan
+    from tilepilot.skills.optimize import kernels
+
+    gemm = family("gemm")
+    shape = gemm.Shape(m=2048, n=2048, k=2048)
+    ints = asdict(gemm.default_config(shape))
+    floats = {k: float(v) if type(v) is int else v for k, v in ints.items()}
+    assert floats == ints  # equal as dicts, so only the types can tell them apart
+    for first, second in ((floats, ints), (ints, floats)):
+        kernels._legal_shape.cache_clear()
+        answers = {id(first): kernels._legal("gemm", shape, first), id(second): kernels._legal("gemm", shape, second)}
+        assert answers[id(ints)] is True and answers[id(floats)] is False
+    spec = get_zoo_model("llama-3.2-1b").spec(layers=1)
+    call = replace(plan_calls(iron_like_plan(spec))[0], family="no_such_family")
+    with pytest.raises(ConfigError, match="no_such_family"):
+        kernels.legal_at(spec, call, {}, [(1, 2)])

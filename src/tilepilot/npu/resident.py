@@ -60,6 +60,27 @@ def _wider(a: TileUse, b: TileUse) -> TileUse:
     return a if (a.memory, a.bds, a.locks) > (b.memory, b.bds, b.locks) else b
 
 
+# the layout key of a shim tile's task-group BDs (``summarize``): counted as the busiest group, not per launch
+_SHIM_BDS = ("shim_bds",)
+
+
+def _held_together(was: tuple[int, TileUse] | None, new: tuple[int, TileUse]) -> tuple[int, TileUse]:
+    """One layout's claim when two launch sets that claim it are held together: the most claims either makes in
+    one launch, each the wider buffer set (launches of a resident pass run one after another, so they share)."""
+    return new if was is None else (max(was[0], new[0]), _wider(new[1], was[1]))
+
+
+def _sums(layouts: dict[tuple, tuple[int, TileUse]]) -> tuple[int, int, int, int]:
+    """(memory, BDs, locks, shim BDs) a tile's layouts add up to (the shim's task-group BDs are their own count)."""
+    memory = bds = locks = shim = 0
+    for key, (n, part) in layouts.items():
+        if key == _SHIM_BDS:
+            shim = part.bds
+            continue
+        memory, bds, locks = memory + n * part.memory, bds + n * part.bds, locks + n * part.locks
+    return memory, bds, locks, shim
+
+
 class Occupancy:
     """What designs held together claim, per tile: layout -> (the most claims of it in one launch, the largest
     claim), and the (S2MM, MM2S) channels of the busiest launch. Built in place; ``only`` copies the tiles a trial
@@ -76,12 +97,8 @@ class Occupancy:
                 continue
             have = self.layouts.setdefault(tile, {})
             self._totals.pop(tile, None)
-            for key, (n, part) in layouts.items():
-                was = have.get(key)
-                if was is None:
-                    have[key] = (n, part)
-                    continue
-                have[key] = (max(was[0], n), _wider(part, was[1]))
+            for key, claim in layouts.items():
+                have[key] = _held_together(have.get(key), claim)
             c = self.channels.get(tile, (0, 0))
             self.channels[tile] = (max(c[0], s2mm), max(c[1], mm2s))
 
@@ -128,7 +145,7 @@ class Occupancy:
             memory, bds, locks, shim = self._totals_of(tile)
             for key, new in layouts.items():
                 was = have.get(key)
-                n, part = new if was is None else (max(was[0], new[0]), _wider(new[1], was[1]))
+                n, part = _held_together(was, new)
                 if key == _SHIM_BDS:
                     shim = part.bds  # one such claim per shim tile
                     continue
@@ -144,17 +161,8 @@ class Occupancy:
         """(memory, BDs, locks, shim BDs) the tile holds now: ``use_of``'s numbers, remembered until a merge."""
         got = self._totals.get(tile)
         if got is None:
-            memory = bds = locks = shim = 0
-            for key, (n, part) in self.layouts.get(tile, {}).items():
-                if key == _SHIM_BDS:
-                    shim = part.bds
-                    continue
-                memory, bds, locks = memory + n * part.memory, bds + n * part.bds, locks + n * part.locks
-            got = self._totals[tile] = (memory, bds, locks, shim)
+            got = self._totals[tile] = _sums(self.layouts.get(tile, {}))
         return got
-
-
-_SHIM_BDS = ("shim_bds",)
 
 
 def summarize(claims: Claims) -> Summary:

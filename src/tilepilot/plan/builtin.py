@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tilepilot.errors import ConfigError
+from tilepilot.kernels.lm_head import PARTITION_ROWS
 from tilepilot.model.graph import CPU_FAMILY, BlockGraph, OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.plan.air_q4 import air_q4_plan
@@ -171,7 +172,9 @@ def paper_like_plan(spec: ModelSpec) -> DeploymentPlan:
             block = [_group("rms_gemv_rope", pre, stage), _group("cpu_attention", [*kv_write, attn], stage, "cpu")]
             block += [_group("o_gemv_ffn", post, stage)] if facts.decode_cascade else _decode_standalone(post)
         head = [_group("cpu_final_norm", [final_norm], stage, "cpu"), _group("lm_head", [lm_head], stage)]
-        if known:  # the paper's own partitioning of its LM head (a shape it did not deploy keeps the default)
+        if known and facts.lm_head_rows != PARTITION_ROWS:
+            # the paper's own partitioning of its LM head where it is not the family's (a shape it did not deploy,
+            # and one it cut as the default does, keep the default config)
             head[1].calls[0].config = {"partition_rows": facts.lm_head_rows}
         return StagePlan(block=block, head=head)
 

@@ -44,8 +44,10 @@ def resolved_config(spec, call: CallRef, rows: int, context: int):
 
 
 def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int, int]]) -> bool:
-    """Whether ``config`` builds and validates for this call at every (rows, context) in ``sizes``."""
+    """Whether ``config`` builds and validates for this call at every (rows, context) in ``sizes``; an unknown
+    family is the plan's error, not an illegal config, so it raises."""
 
+    family_module(call.family)
     for rows, context in sizes:
         try:
             # a prefill head also runs over every row when a gate asks for all positions' logits
@@ -63,7 +65,9 @@ def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int,
 
 
 def _legal(family: str, shape: Any, config: dict[str, Any]) -> bool:
-    key = tuple(sorted(config.items()))
+    # each value's type is part of the key: 64 == 64.0 and 1 == True, yet a float tile size or a bool count may
+    # build differently (or not at all) from the int one
+    key = tuple(sorted((k, type(v).__name__, v) for k, v in config.items()))
     try:
         hash((shape, key))
     except TypeError:  # a config holding a list (read back from JSON): build it without the memo
@@ -78,7 +82,7 @@ def _legal_shape(family: str, shape: Any, config: tuple) -> bool:
     (Q and O, gate and up), in both optimization phases (a 2048-row GEMM design takes ~40 ms to build)."""
     mod = family_module(family)
     try:
-        d = mod.make_design(shape, config_for(family, shape, dict(config)))
+        d = mod.make_design(shape, config_for(family, shape, {k: v for k, _, v in config}))
     except Exception:
         return False
     return not (validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d))
