@@ -164,6 +164,26 @@ def test_calibrate_command_json_and_exit_code(capsys, monkeypatch):
     assert "modeled" in human and "FAIL" in human
 
 
+def test_the_paper_predictions_table_reads_whole_in_an_80_column_terminal(capsys, monkeypatch):
+    """Every model name, figure and the paper's differing dispatch count whole, and no line past 80 columns (a table
+    rich cannot fit folds its headers and cuts its cells to "qwen…")."""
+    from tilepilot.calibrate.harness import PaperPrediction
+
+    paper = [
+        PaperPrediction("qwen2.5-0.5b", "prediction", 1.0716, 0.99, 16.83, 11.9, (4, 5), (4, 5)),
+        PaperPrediction("llama-3.2-1b", "fit", 1.0952, 1.21, 10.31, 12.2, (3, 2), (3, 6)),
+    ]
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(ca, "run", lambda **kw: ca.CalibrationReport({}, [], paper=paper))
+    monkeypatch.setattr(ca, "kernel_rows", lambda **kw: {})
+    main(["calibrate", "--no-cv"])
+    human = capsys.readouterr().out
+    assert max(len(line) for line in human.splitlines()) <= 80
+    row = next(line for line in human.splitlines() if "qwen2.5-0.5b" in line)
+    assert all(x in row for x in ("1.072", "0.990", "1.08", "16.8", "11.9", "1.41", "4/5"))
+    assert "llama-3.2-1b*" in human and "3/2 (3/6)" in human and "informs a constant" in human
+
+
 def test_predict_times_any_file_of_the_reference_format_with_frozen_constants(tmp_path):
     """Issue 11 item 5: `calibrate --predict FILE --json`: per row modeled/measured/ratio or the reason, per family
     the same summary keys as `calibrate --json`'s kernels section, and the rows not expressible."""

@@ -161,6 +161,7 @@ def _ratio(r: float | None, bad: bool) -> str:
 
 
 def _print(report: ca.CalibrationReport, rows: bool) -> None:
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -179,23 +180,33 @@ def _print(report: ca.CalibrationReport, rows: bool) -> None:
     if report.paper:
         t = Table(
             title="The paper's nine deployments (measured) vs our paper-like plan (modeled): TTFT at 2048 tokens, "
-            f"decode at {PAPER_DECODE_CONTEXT} positions (the paper's short prompt)"
+            f"decode at {PAPER_DECODE_CONTEXT} positions (the paper's short prompt)",
+            box=box.MINIMAL_HEAVY_HEAD,
         )
-        for col in ("model", "role", "TTFT modeled", "published", "ratio", "decode tok/s modeled", "published",
-                    "ratio", "dispatches/layer ours", "paper's"):  # fmt: skip
-            t.add_column(col, justify="left" if col in ("model", "role") else "right")
+        # narrow enough for an 80-column terminal: units in the headers, the fitted model starred instead of a
+        # role column, one dispatch column (the paper's own count in brackets only where it differs from ours)
+        for col in ("model", "TTFT s\nours", "TTFT s\npaper", "ratio", "tok/s\nours", "tok/s\npaper", "ratio",
+                    "disp.\n/layer"):  # fmt: skip
+            left = col == "model"
+            t.add_column(
+                col, justify="left" if left else "right", no_wrap=left, min_width=max(map(len, col.split("\n")))
+            )
         for p in report.paper:
             d = p.to_dict()
             pub = d["dispatches_per_layer_published"]
-            t.add_row(p.model, p.role, _fmt_s(p.ttft_modeled_s), _fmt_s(p.ttft_published_s), f"{d['ttft_ratio']:.2f}",
-                      f"{p.decode_tok_s_modeled:.1f}", f"{p.decode_tok_s_published:.1f}", f"{d['decode_ratio']:.2f}",
-                      "{}/{}".format(*p.dispatches_modeled), "-" if pub is None else "{}/{}".format(*pub))  # fmt: skip
+            ours = "{}/{}".format(*p.dispatches_modeled)
+            paper = "-" if pub is None else "{}/{}".format(*pub)
+            t.add_row(p.model + ("*" if p.role == "fit" else ""), f"{p.ttft_modeled_s:.3f}",
+                      f"{p.ttft_published_s:.3f}", f"{d['ttft_ratio']:.2f}", f"{p.decode_tok_s_modeled:.1f}",
+                      f"{p.decode_tok_s_published:.1f}", f"{d['decode_ratio']:.2f}",
+                      ours if paper == ours else f"{ours} ({paper})")  # fmt: skip
         console.print(t)
         console.print(
-            "only Llama-3.2-1B informs a constant (end-to-end stage); the other eight are predictions. Each paper-like "
-            "plan is built from the paper's facts for that model (plan/paper_deployments.py: its dispatches per "
-            "layer, what ran on the CPU, the head_dim-128 host transposes). TTFT and decode modeled, published "
-            "measured on silicon."
+            "ours = our paper-like plan, modeled; paper = measured on silicon; disp./layer = NPU dispatches per "
+            "layer in prefill/decode (the paper's in brackets where they differ). "
+            "* only Llama-3.2-1B informs a constant (end-to-end stage); the other eight are predictions. Each "
+            "paper-like plan is built from the paper's facts for that model (plan/paper_deployments.py: its "
+            "dispatches per layer, what ran on the CPU, the head_dim-128 host transposes)."
         )
     t = Table(title="Per kernel family: modeled vs measured NPU2 latency (AIR kernel registry)")
     cols = ("table", "family", "rows", "median |err|", "worst", "CV median", "CV worst", "")
