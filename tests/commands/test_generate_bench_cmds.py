@@ -65,11 +65,15 @@ def test_bench_json_on_a_workspace(workspace, tmp_path, capsys):
     assert "traceEvents" in json.loads(trace.read_text())
 
 
-def test_bench_a_model_dir_with_a_builtin_plan(model_dir, capsys):
+def test_bench_a_model_dir_with_a_builtin_plan(model_dir, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     rc = main(["bench", str(model_dir), "--plan", "iron-like", "--prompt-len", "64", "--decode-tokens", "1"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "iron-like" in out and "modeled" in out and "measured" in out
+    # the per-stage group tables read whole in an 80-column terminal: every group name and its numbers, uncut
+    assert "prefill groups" in out and "decode groups" in out and "…" not in out.split("prefill groups")[1]
+    assert max(len(line) for line in out.split("prefill groups")[1].splitlines()) <= 80
     assert main(["bench", str(model_dir), "--plan", "deployed"]) == 2
     assert "not a workspace" in capsys.readouterr().err
 

@@ -211,6 +211,7 @@ def per_layer_entry(g) -> dict[str, Any]:
 
 
 def _print(res: dict[str, Any]) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -275,24 +276,31 @@ def _print(res: dict[str, Any]) -> None:
                 ", ".join(f"{b} {n}" for b, n in sorted(k["bounds"].items())),
             )  # fmt: skip
         con.print(kinds)
-    groups = Table(title="per-group breakdown (modeled; block groups per layer, ms)")
-    for col in ("stage", "group", "where", "calls", "per call", "dispatch", "syncs", "cpu", "cpu (measured)"):
-        groups.add_column(col, justify="right" if col not in ("stage", "group", "where") else "left")
-    for g in m["groups"]:
-        groups.add_row(
-            g["stage"],
-            g["name"],
-            g["where"],
-            str(g["calls"]),
-            f"{g['per_call_ms']:.3f}",
-            f"{g['dispatch_ms']:.3f}",
-            f"{g['sync_ms']:.3f}",
-            f"{g['cpu_ms']:.3f}",
-            "" if g["cpu_measured_ms"] is None else f"{g['cpu_measured_ms']:.3f}",
+    # one table per stage, headers over two lines and no outer edge: readable whole in an 80-column terminal
+    for stage in dict.fromkeys(g["stage"] for g in m["groups"]):
+        groups = Table(
+            title=f"{stage} groups (modeled ms; block groups per layer)",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            collapse_padding=True,
         )
-    con.print(groups)
+        for col in ("group", "where", "calls", "per\ncall", "dispatch", "syncs", "cpu", "cpu\nmeasured"):
+            left = col in ("group", "where")
+            groups.add_column(col, justify="left" if left else "right", no_wrap=True)
+        for g in (g for g in m["groups"] if g["stage"] == stage):
+            groups.add_row(
+                g["name"],
+                g["where"],
+                str(g["calls"]),
+                f"{g['per_call_ms']:.3f}",
+                f"{g['dispatch_ms']:.3f}",
+                f"{g['sync_ms']:.3f}",
+                f"{g['cpu_ms']:.3f}",
+                "" if g["cpu_measured_ms"] is None else f"{g['cpu_measured_ms']:.3f}",
+            )
+        con.print(groups)
     con.print(
-        f"NPU, sync and CPU-group times are modeled; 'cpu (measured)' is the CPU groups' wall clock on this machine, "
+        f"NPU, sync and CPU-group times are modeled; 'cpu measured' is the CPU groups' wall clock on this machine, "
         f"beside the model, not in it. The functional run "
         f"executed {f['prompt_tokens_executed']} prompt tokens (the modeled TTFT is for {m['prompt_len']})."
     )
