@@ -17,7 +17,7 @@ do it, so callers never pad by hand.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import torch
@@ -41,10 +41,38 @@ def make_config(module, shape: Any, config: dict[str, Any], device=None) -> Any:
     unknown = sorted(set(config) - known)
     if unknown:
         raise ConfigError(f"{module.FAMILY} config has unknown keys {unknown}; known keys are {sorted(known)}")
+    _check_types(module, config)
     complete = getattr(module, "complete_config", None)  # a family whose partial config completes for the shape
     if complete is not None and set(config) < known:
         return complete(shape, config, device) if device is not None else complete(shape, config)
     return module.Config(**config)
+
+
+def config_key(config: dict[str, Any]) -> tuple[tuple[str, str, Any], ...]:
+    """A plan config dict as the key of a cache of designs built from it: each value's type is part of the key,
+    since 64 == 64.0 and 1 == True while a float tile size or a bool count builds differently or not at all (a
+    cache keyed by the values alone hands the first one's design, or its legality, to the other)."""
+    return tuple(sorted((k, type(v).__name__, v) for k, v in config.items()))
+
+
+def config_of_key(key: tuple[tuple[str, str, Any], ...]) -> dict[str, Any]:
+    """The config dict a ``config_key`` was made from."""
+    return {k: v for k, _, v in key}
+
+
+def _check_types(module, config: dict[str, Any]) -> None:
+    """A config value of another type than its field's default (a tile size of 64.0, a variant of 1) is the plan's
+    error, named, not a TypeError deep inside a design builder; an int where a float is expected is fine."""
+    for f in fields(module.Config):
+        if f.name not in config or isinstance(f.default, type(None)) or f.default is MISSING:
+            continue
+        want, got = type(f.default), config[f.name]
+        ok = type(got) is want or (want is float and type(got) is int)
+        if want in (int, float, str, bool) and not ok:
+            raise ConfigError(
+                f"{module.FAMILY} config {f.name}={got!r} is {type(got).__name__}; it must be {want.__name__} "
+                f"(e.g. {f.default!r})"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tilepilot.errors import ConfigError, TilepilotError
-from tilepilot.kernels.bind import MergedLinear, binding, make_config
+from tilepilot.kernels.bind import MergedLinear, binding, config_key, config_of_key, make_config
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
@@ -119,7 +119,7 @@ class _Designs:
         self.device = device
 
     def get(self, fam: str, shape: Any, config: dict[str, Any]) -> _Built | None:
-        return _build(fam, shape, tuple(sorted(config.items())), self.device)
+        return _build(fam, shape, config_key(config), self.device)
 
     def of(self, slot: _Slot) -> _Built | None:
         """The slot's launch at its current config."""
@@ -136,7 +136,7 @@ def _candidates(fam: str, shape: Any, device: Device) -> tuple:
 def _build(fam: str, shape: Any, config: tuple, device: Device) -> _Built | None:
     mod = family(fam)
     try:
-        obj = mod.make_design(shape, make_config(mod, shape, dict(config), device), device)
+        obj = mod.make_design(shape, make_config(mod, shape, config_of_key(config), device), device)
     except TilepilotError:
         return None
     problems = validate_group(obj) if isinstance(obj, MultiLaunchGroup) else validate(obj)
@@ -144,7 +144,7 @@ def _build(fam: str, shape: Any, config: tuple, device: Device) -> _Built | None
         return None
     placer = SequentialPlacer()
     designs = [placer.place(d) for d in (obj.designs if isinstance(obj, MultiLaunchGroup) else [obj])]
-    return _Built(dict(config), designs, sum(time_design(d).seconds for d in designs), _tiles_used(designs))
+    return _Built(config_of_key(config), designs, sum(time_design(d).seconds for d in designs), _tiles_used(designs))
 
 
 def _excess(tiles: set[Tile], occ: Occupancy, device: Device) -> float:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tilepilot.kernels.bind import MergedLinear, binding, family_module, make_config
+from tilepilot.kernels.bind import MergedLinear, binding, config_key, family_module, make_config
 from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
@@ -114,7 +114,7 @@ class KernelLibrary:
 
     def design(self, family: str, shape: Any, config: dict[str, Any]) -> tuple[Any, Any]:
         """(key, design) for one call; the key identifies it for ``dispatch_time``."""
-        key = LaunchKey((family, _key(shape), tuple(sorted(config.items()))))
+        key = LaunchKey((family, _key(shape), config_key(config)))
         entry = self._designs.get(key)
         if entry is None:
             mod = family_module(family)

@@ -20,7 +20,7 @@ from tilepilot.gates import metrics as M
 from tilepilot.harness.model_gate import gate_prompts
 from tilepilot.harness.probes import CallRef, call_shape, config_for, plan_calls
 from tilepilot.kernels import rope
-from tilepilot.kernels.bind import binding, family_module
+from tilepilot.kernels.bind import binding, config_key, family_module
 from tilepilot.model.graph import LAYER_INPUT, block_graph
 from tilepilot.oracle.capture import all_capture_names, capture_name
 from tilepilot.skills.classify import GOOD_COSINE
@@ -124,7 +124,7 @@ def _weights(ctx, layer: int | None) -> dict[str, torch.Tensor]:
 
 
 def _design(caps: Captures, family: str, shape, config: dict[str, Any]):
-    key = (family, shape, tuple(sorted(config.items())))
+    key = (family, shape, config_key(config))
     if key not in caps.designs:
         caps.designs[key] = family_module(family).make_design(shape, config_for(family, shape, config))
     return caps.designs[key]

@@ -16,7 +16,7 @@ from typing import Any
 
 from tilepilot.harness.probes import CallRef, call_shape, config_for, group_checks, plan_calls, stage_rows
 from tilepilot.kernels import gemv
-from tilepilot.kernels.bind import family_module
+from tilepilot.kernels.bind import config_key, config_of_key, family_module
 from tilepilot.kernels.registry import as_dict
 from tilepilot.kernels.tuning import timing_key, tune
 from tilepilot.npu.design import MultiLaunchGroup
@@ -65,9 +65,7 @@ def legal_at(spec, call: CallRef, config: dict[str, Any], sizes: list[tuple[int,
 
 
 def _legal(family: str, shape: Any, config: dict[str, Any]) -> bool:
-    # each value's type is part of the key: 64 == 64.0 and 1 == True, yet a float tile size or a bool count may
-    # build differently (or not at all) from the int one
-    key = tuple(sorted((k, type(v).__name__, v) for k, v in config.items()))
+    key = config_key(config)
     try:
         hash((shape, key))
     except TypeError:  # a config holding a list (read back from JSON): build it without the memo
@@ -82,7 +80,7 @@ def _legal_shape(family: str, shape: Any, config: tuple) -> bool:
     (Q and O, gate and up), in both optimization phases (a 2048-row GEMM design takes ~40 ms to build)."""
     mod = family_module(family)
     try:
-        d = mod.make_design(shape, config_for(family, shape, {k: v for k, _, v in config}))
+        d = mod.make_design(shape, config_for(family, shape, config_of_key(config)))
     except Exception:
         return False
     return not (validate_group(d) if isinstance(d, MultiLaunchGroup) else validate(d))
