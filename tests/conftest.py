@@ -45,7 +45,9 @@ def _built_once(tmp_path_factory, name: str, build: Callable[[Path], Path]) -> P
             root = shared / name
             shutil.rmtree(root, ignore_errors=True)  # a build that raised left a partial copy: start it again
             root.mkdir()
-            done.write_text(str(build(root)))
+            part = done.with_suffix(".part")
+            part.write_text(str(build(root)))
+            os.replace(part, done)  # a worker killed mid-write leaves no half a path behind
     return Path(done.read_text())
 
 
