@@ -64,7 +64,7 @@ def _check_types(module, config: dict[str, Any]) -> None:
     """A config value of another type than its field's default (a tile size of 64.0, a variant of 1) is the plan's
     error, named, not a TypeError deep inside a design builder; an int where a float is expected is fine."""
     for f in fields(module.Config):
-        if f.name not in config or isinstance(f.default, type(None)) or f.default is MISSING:
+        if f.name not in config or f.default is None or f.default is MISSING:
             continue
         want, got = type(f.default), config[f.name]
         ok = type(got) is want or (want is float and type(got) is int)

@@ -123,13 +123,17 @@ class Occupancy:
 
     def use_of(self, tile: Tile, detail: bool = True) -> TileUse:
         """The tile's demand; ``detail=False`` without the memory contributions (numbers only, for a trial)."""
+        s2mm, mm2s = self.channels.get(tile, (0, 0))
+        if not detail:
+            memory, bds, locks, shim = self._totals_of(tile)
+            return TileUse(memory=memory, s2mm=s2mm, mm2s=mm2s, bds=bds + shim, locks=locks)
         total = TileUse()
         for key, (n, part) in self.layouts.get(tile, {}).items():
             if key == _SHIM_BDS:  # the busiest task group's BDs, however many launches held them (a shim has no others)
                 total.bds += part.bds
                 continue
-            add_use(total, part, n, detail)
-        total.s2mm, total.mm2s = self.channels.get(tile, (0, 0))
+            add_use(total, part, n)
+        total.s2mm, total.mm2s = s2mm, mm2s
         return total
 
     def use(self, tiles: Iterable[Tile] | None = None, detail: bool = True) -> dict[Tile, TileUse]:

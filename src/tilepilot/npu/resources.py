@@ -119,12 +119,10 @@ def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
     return dict(claims)
 
 
-def add_use(total: TileUse, part: TileUse, times: int = 1, parts: bool = True) -> None:
-    """Add ``part``'s demand ``times`` over to ``total`` (memory with its contributions; ``parts=False`` leaves the
-    contributions out: a packing search checks budgets thousands of times and names them only for a violation)."""
+def add_use(total: TileUse, part: TileUse, times: int = 1) -> None:
+    """Add ``part``'s demand ``times`` over to ``total`` (memory with its contributions)."""
     total.memory += part.memory * times
-    if parts:
-        total.parts.extend(part.parts * times)
+    total.parts.extend(part.parts * times)
     total.s2mm += part.s2mm * times
     total.mm2s += part.mm2s * times
     total.bds += part.bds * times

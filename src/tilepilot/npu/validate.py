@@ -553,20 +553,24 @@ def _resources(design: Design) -> list[Violation]:
     return budget_problems(design.device, resource_use(design))
 
 
-def _breaches(dev: Device, tile: Tile, u: TileUse) -> Iterator[str]:
-    """The per-tile budgets ``u`` breaks on ``tile`` ("memory", "s2mm", "mm2s", "bds", "locks"), the one statement
-    of those rules (``budget_problems`` words them, ``within_budgets`` only asks)."""
+def tile_budgets(dev: Device, tile: Tile, u: TileUse) -> tuple[tuple[str, int, int], ...]:
+    """(budget, used, available) for every per-tile budget the demand ``u`` is held to on ``tile``: memory on compute
+    and memory tiles, S2MM and MM2S channels, BDs, locks. The one statement of those rules: ``budget_problems`` words
+    the ones broken, ``within_budgets`` only asks, a packing search measures how far they are overrun."""
     r = dev.resources(tile)
-    if dev.kind(tile) in ("compute", "mem") and u.memory > r.memory_bytes:
-        yield "memory"
-    if u.s2mm > r.s2mm_channels:
-        yield "s2mm"
-    if u.mm2s > r.mm2s_channels:
-        yield "mm2s"
-    if u.bds > r.bds:
-        yield "bds"
-    if u.locks > r.locks:
-        yield "locks"
+    memory = (("memory", u.memory, r.memory_bytes),) if dev.kind(tile) in ("compute", "mem") else ()
+    return (
+        *memory,
+        ("s2mm", u.s2mm, r.s2mm_channels),
+        ("mm2s", u.mm2s, r.mm2s_channels),
+        ("bds", u.bds, r.bds),
+        ("locks", u.locks, r.locks),
+    )
+
+
+def _breaches(dev: Device, tile: Tile, u: TileUse) -> Iterator[str]:
+    """The per-tile budgets ``u`` breaks on ``tile`` (``tile_budgets``' names), in that order."""
+    return (name for name, used, have in tile_budgets(dev, tile, u) if used > have)
 
 
 def within_budgets(dev: Device, uses: dict[Tile, TileUse]) -> bool:

@@ -30,7 +30,7 @@ from tilepilot.npu.device import Device, Tile, npu2
 from tilepilot.npu.placer import SequentialPlacer
 from tilepilot.npu.resident import Occupancy, Packing, pack, summary_of, tiles_of, touches
 from tilepilot.npu.timing import time_design
-from tilepilot.npu.validate import DesignError, validate, validate_group
+from tilepilot.npu.validate import DesignError, tile_budgets, validate, validate_group
 from tilepilot.plan.plan import DeploymentPlan, KernelCall
 
 # Candidates of one family tried per launch (the family's own ranking; the tuner's bound, kernels/tuning.py).
@@ -155,10 +155,7 @@ def _excess(tiles: set[Tile], occ: Occupancy, device: Device) -> float:
         u = occ.use_of(tile, detail=False)
         if device.kind(tile) == "off":
             return float("inf")
-        r = device.resources(tile)
-        pairs = ((u.memory, r.memory_bytes), (u.bds, r.bds), (u.locks, r.locks), (u.s2mm, r.s2mm_channels),
-                 (u.mm2s, r.mm2s_channels))  # fmt: skip
-        total += sum(max(0.0, used / have - 1.0) for used, have in pairs if have)
+        total += sum(max(0.0, used / have - 1.0) for _, used, have in tile_budgets(device, tile, u) if have)
     return total
 
 
