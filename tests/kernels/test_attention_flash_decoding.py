@@ -1,6 +1,7 @@
 """Flash-decoding as a design option of decode attention: a unit per KV head whose query tile holds its GQA group's
 heads as rows (``Config.group_rows``), the keys split over cascade stages, K/V over one or both shim MM2S channels
-of a column (``Config.kv_channels``, q riding the first)."""
+of a column (``Config.kv_channels``, q riding the first), the stages over one or several columns
+(``Config.kv_cols``)."""
 
 from dataclasses import replace
 
@@ -10,8 +11,9 @@ from kernel_checks import check_attention_paths, qkv
 
 from tilepilot.kernels import attention as at
 from tilepilot.npu.execute import run_tile
+from tilepilot.npu.resources import shares_memory, uses_shared_memory
 from tilepilot.npu.timing import time_design
-from tilepilot.npu.validate import DesignError
+from tilepilot.npu.validate import DesignError, validate
 
 C = at.Config
 FD = dict(heads_per_col=1, tile_q=1, kv_stages=4, group_rows=True)
@@ -24,6 +26,12 @@ SMALL = [
     (at.Shape(1, 40, 8, 2, 16), C(cols=1, tile_k=8, **(FD | {"kv_stages": 2}), kv_channels=2)),
     # group 7 (Qwen2.5-0.5B's): 7 rows, the MMUL padded to 8
     (at.Shape(1, 33, 14, 2, 16), C(cols=2, tile_k=8, **FD, kv_channels=2)),
+    # a KV head's 4 stages over 2 columns (2 each, one channel), and 8 over 2 (4 each, both channels)
+    (at.Shape(1, 40, 8, 2, 16), C(cols=4, tile_k=8, **FD, kv_cols=2)),
+    (at.Shape(1, 40, 8, 2, 16), C(cols=4, tile_k=8, **(FD | {"kv_stages": 8}), kv_cols=2, kv_channels=2)),
+    # three KV heads (SmolLM2-135M's), each over 2 columns with one stage per channel; group 7 over 4 columns
+    (at.Shape(1, 40, 9, 3, 16), C(cols=6, tile_k=8, **FD, kv_cols=2, kv_channels=2)),
+    (at.Shape(1, 33, 14, 2, 16), C(cols=8, tile_k=8, **(FD | {"kv_stages": 8}), kv_cols=4, kv_channels=2)),
 ]
 
 
@@ -80,6 +88,46 @@ def test_flash_decoding_beats_the_one_pass_design_at_a_long_context():
     assert at.decode_cascade_configs(at.Shape(64, 2048, 32, 8, 64)) == []  # prefill chunks: not offered
 
 
+def test_a_kv_head_over_several_columns_snakes_through_shared_memory_and_feeds_each_column_from_its_shim():
+    """``kv_cols``: the stages of a KV head go down one column and up the next, so every partial state passes between
+    orthogonal neighbours (shared memory, no DMA; east at the turn), each column's stages read K/V from that column's
+    shim, q goes into every column of the unit and o leaves from the column of the last stage."""
+    shape = at.Shape(1, 64, 8, 2, 16)
+    design = at.make_design(shape, C(cols=4, tile_k=8, **(FD | {"kv_stages": 8}), kv_cols=2, kv_channels=2))
+    assert validate(design) == []
+    workers = {w.name: w for w in design.workers}
+    for unit in (0, 2):
+        chain = [workers[f"attn_{unit}_{s}"].placement for s in range(8)]
+        assert {t.col for t in chain} == {unit, unit + 1} and len(set(chain)) == 8
+        assert all(shares_memory(a, b) for a, b in zip(chain, chain[1:], strict=False))
+        assert chain[3].col == unit and chain[4].col == unit + 1 and chain[3].row == chain[4].row  # the turn, east
+        states = [f for f in design.fifos if f.name.startswith(f"st_{unit}_")]
+        assert len(states) == 7 and all(uses_shared_memory(design, f) for f in states)
+    fifos = {f.name: f for f in design.fifos}
+    for w in design.workers:  # each stage's K/V and q come from the shim of its own column
+        kv = fifos[w.inputs[1]]
+        feed = next((ln.srcs[0] for ln in design.links if kv.name in ln.dsts), kv.name)
+        assert fifos[feed].shim_placement.col == w.placement.col == fifos[w.inputs[0]].shim_placement.col
+    assert {f.shim_placement.col for n, f in fifos.items() if n.startswith("o_")} == {1, 3}
+
+
+def test_more_columns_per_kv_head_beat_one_when_the_model_has_few_kv_heads():
+    """SmolLM2-135M's decode step at context 2048 (3 KV heads): one column per KV head leaves 5 columns' shims idle
+    and the best such tiling is bound by its shim channels; the same keys over 2 columns per KV head stream on twice
+    the channels and reach the DDR bound (same timing model). Llama-3.2-1B (8 KV heads) fills the array already and is
+    offered none."""
+    shape = at.Shape(1, 2048, 9, 3, 64)
+    fd = at.decode_cascade_configs(shape)
+    one = [c for c in fd if c.kv_cols == 1]
+    more = [c for c in fd if c.kv_cols > 1]
+    assert one and more and {c.kv_cols for c in more} == {2} and all(c.cols == 6 for c in more)
+    best_one = min((time_design(at.make_design(shape, c)) for c in one), key=lambda t: t.seconds)
+    best_more = min((time_design(at.make_design(shape, c)) for c in more), key=lambda t: t.seconds)
+    assert best_one.limiter.startswith("shim") and best_more.bound == "ddr"
+    assert best_more.seconds < 0.7 * best_one.seconds
+    assert all(c.kv_cols == 1 for c in at.decode_cascade_configs(at.Shape(1, 2048, 32, 8, 64)))
+
+
 def test_rules_are_shape_errors():
     shape = at.Shape(1, 40, 8, 2, 16)
     for bad in (
@@ -88,6 +136,11 @@ def test_rules_are_shape_errors():
         C(cols=2, tile_k=8, **(FD | {"kv_stages": 3}), kv_channels=2),  # stages split evenly over the channels
         C(cols=2, tile_k=8, **FD, kv_channels=3),  # a shim has 2 MM2S channels
         C(cols=4, tile_k=8, **FD),  # more columns than KV heads
+        C(cols=4, heads_per_col=1, tile_q=1, tile_k=8, kv_stages=4, kv_cols=2),  # kv_cols needs group_rows
+        C(cols=4, tile_k=8, **(FD | {"kv_stages": 6}), kv_cols=4),  # whole stages per column
+        C(cols=4, tile_k=8, **(FD | {"kv_stages": 6}), kv_cols=2, kv_channels=2),  # 3 per column on 2 channels
+        C(cols=3, tile_k=8, **FD, kv_cols=2),  # columns in whole units of 2
+        C(cols=8, tile_k=8, **FD, kv_cols=2),  # 4 units of 2 columns for 2 KV heads
     ):
         with pytest.raises(DesignError):
             at.make_design(shape, bad)

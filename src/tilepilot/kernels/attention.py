@@ -175,10 +175,21 @@ class Config:
     # Shim MM2S channels carrying a cascade column's K/V: with 2 the stages' segments split over both channels of
     # the column's shim, and q rides the first (``ObjectFifo.rides_with``), as the quantized GEMV's weights do.
     kv_channels: int = 1
+    # Flash-decoding across columns (``group_rows`` only): a KV head's ``kv_stages`` stages laid over this many
+    # neighbouring columns, ``kv_stages / kv_cols`` per column, the partial state passed down one column and up the
+    # next (a snake: every hand-off between orthogonal neighbours, east at a turn, so through shared memory). Each
+    # column feeds its own stages from its own shim, so a model with few KV heads streams its cache over more shim
+    # channels than its KV heads have columns; q goes to every column of the unit, o leaves from the last.
+    kv_cols: int = 1
 
     @property
     def workers_per_col(self) -> int:
-        return self.heads_per_col * self.q_tiles_per_col * self.kv_stages
+        return self.heads_per_col * self.q_tiles_per_col * self.kv_stages // self.kv_cols
+
+    @property
+    def unit_cols(self) -> int:
+        """Neighbouring columns one unit occupies: its shared query tiles', or its key segments' (``kv_cols``)."""
+        return self.share_cols * self.kv_cols
 
 
 def tile_rows(shape: Shape, config: Config) -> int:
@@ -490,12 +501,25 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"{config.kv_channels} K/V channels: use 1, or 2 with an even number of cascade stages (got "
             f"{config.kv_stages}) on columns that do not share a stream (share_cols {config.share_cols})",
         )
+    kc = config.kv_cols
+    if kc < 1 or (kc > 1 and (not config.group_rows or config.kv_stages % kc or config.kv_stages // kc < 1)):
+        raise shape_error(
+            FAMILY,
+            f"{kc} columns per KV head (kv_cols) need flash-decoding (group_rows) and a whole number of its "
+            f"{config.kv_stages} cascade stages per column",
+        )
+    if config.kv_channels == 2 and (config.kv_stages // kc) % 2:
+        raise shape_error(
+            FAMILY,
+            f"2 K/V channels need an even number of cascade stages per column (got {config.kv_stages // kc} on each "
+            f"of {kc} columns)",
+        )
     sc = config.share_cols
-    if sc < 1 or (sc > 1 and config.kv_stages == 1) or config.cols % sc or q_tiles % sc:
+    if sc < 1 or (sc > 1 and config.kv_stages == 1) or config.cols % sc or q_tiles % sc or config.cols % kc:
         raise shape_error(
             FAMILY,
             f"{sc} columns sharing a key/value stream need cascade stages and must divide the {config.cols} "
-            f"columns and the {q_tiles} query tiles",
+            f"columns and the {q_tiles} query tiles; {kc} columns per KV head must divide the columns too",
         )
     if qpc < 1 or config.workers_per_col > device.compute_rows or q_tiles % qpc:
         raise shape_error(
@@ -504,7 +528,7 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"rows, and {qpc} must divide the {q_tiles} query tiles",
         )
     units = _head_units(shape, config) * (q_tiles // qpc // sc)
-    if not 1 <= config.cols // sc <= units or config.cols > device.columns:
+    if not 1 <= config.cols // config.unit_cols <= units or config.cols > device.columns:
         raise shape_error(FAMILY, f"{config.cols} columns cannot share {units} units of work on {device.name}")
     if config.depth < 1:
         raise shape_error(FAMILY, f"fifo depth {config.depth} is not positive")
@@ -527,7 +551,7 @@ def assign_units(shape: Shape, config: Config) -> list[list[tuple[int, int]]]:
     if config.kv_stages > 1:  # cascade: a batch of share_cols tiles; its slowest stage is the first segment's
         last = {i: blocks_needed(shape, config, (i + 1) * config.share_cols - 1) for i in range(batches)}
         weight = {i: min(stage_blocks(shape, config), nb) for i, nb in last.items()}
-    n = config.cols // config.share_cols  # column groups (a cascade unit spans share_cols columns)
+    n = config.cols // config.unit_cols  # column groups (a cascade unit spans share_cols x kv_cols columns)
     load = [0] * n
     cols: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for c, i in sorted(units, key=lambda u: (-weight[u[1]], u)):
@@ -671,22 +695,26 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
     by its memory tile (with two K/V channels: half the stages per channel, q riding the first; one stage per
     channel goes straight from the shim); the partial state passed stage to stage through shared memory
     (neighbouring rows, no DMA); o from each column's last stage to its shim. ``group_rows``: a unit is a KV head and
-    q / o move its group's heads side by side ([tile_q, group * head_dim] of the row)."""
+    q / o move its group's heads side by side ([tile_q, group * head_dim] of the row). ``kv_cols`` > 1: the stages
+    snake over that many columns (down the first, up the next, ...), each column's stages fed from its own shim as
+    one column's are, q filled into every column of the unit, o drained from the column of the last stage."""
     tq, tk, d, g, nst, sc = (config.tile_q, config.tile_k, shape.head_dim, shape.group, config.kv_stages,
                              config.share_cols)  # fmt: skip
+    kc = config.kv_cols
+    rows = nst // kc  # stages per column
     qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
     q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
     n = tile_rows(shape, config)
     q_width = n // tq * d  # elements of one query's row a tile takes: one head, or the group's heads side by side
     segment = stage_blocks(shape, config)
     ch = config.kv_channels
-    per_feed = nst // ch  # stages one shim K/V stream feeds
+    per_feed = rows // ch  # stages one shim K/V stream feeds
     fifos: list[ObjectFifo] = []
     links = []
     workers: list[Worker] = []
     group_tasks: list[list[list[tuple[str, str, str, object]]]] = []
     for grp, units in enumerate(assign_units(shape, config)):
-        c0 = grp * sc
+        c0 = grp * config.unit_cols
         parts = [f"kv_{c0}_{s}" for s in range(nst)]
         direct = sc >= nst  # one stream per stage segment, each from its own column's shim (AIR's QKIn_s / VIn_s)
         if direct:
@@ -695,18 +723,21 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
                 for s, f in enumerate(parts)
             ]
             feeds = []
-        elif per_feed == 1:  # one stage per channel: each stage's stream straight from the shim
-            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0, SHIM_ROW)) for f in parts]
+        elif per_feed == 1:  # one stage per channel: each stage's stream straight from its column's shim
+            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0 + s // rows, SHIM_ROW))
+                      for s, f in enumerate(parts)]  # fmt: skip
             feeds = parts
         else:  # per channel, one [stages * tile_k, 2, d] object per step, split by the memory tile to its stages
-            feeds = [f"kv_{c0}"] if ch == 1 else [f"kv_{c0}_in{j}" for j in range(ch)]
+            # feed J (in stage order) is channel J % ch of the unit's column J // ch
+            feeds = [f"kv_{c0 + j // ch}" if ch == 1 else f"kv_{c0 + j // ch}_in{j % ch}" for j in range(ch * kc)]
             offsets = [s * tk * 2 * d for s in range(per_feed)]
-            shim = Tile(c0, SHIM_ROW)
-            fifos += [ObjectFifo(f, (per_feed * tk, 2, d), "bf16", config.depth, shim_placement=shim) for f in feeds]
+            fifos += [ObjectFifo(f, (per_feed * tk, 2, d), "bf16", config.depth,
+                                 shim_placement=Tile(c0 + j // ch, SHIM_ROW)) for j, f in enumerate(feeds)]  # fmt: skip
             fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
             for j, feed in enumerate(feeds):
-                name = f"kv_split_{c0}" + (f"_{j}" if ch > 1 else "")
-                links.append(split(name, feed, parts[j * per_feed : (j + 1) * per_feed], offsets, Tile(c0, MEM_ROW)))
+                col = c0 + j // ch
+                name = f"kv_split_{col}" + (f"_{j % ch}" if ch > 1 else "")
+                links.append(split(name, feed, parts[j * per_feed : (j + 1) * per_feed], offsets, Tile(col, MEM_ROW)))
         # per unit: the blocks each column's tile computes; the group streams what its last tile needs
         owns = {c: [blocks_needed(shape, config, i * sc + c) for _, i in units] for c in range(sc)}
         streamed = [min(segment, max(owns[c][u] for c in range(sc))) for u in range(len(units))]
@@ -716,7 +747,8 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             # q in and o out cover the same [tile_q, q_width] of each column's query tile
             q_taps = [legal_taps(q_shape, (i * sc + c) * tq * qd + h * q_width, [tq, q_width], [qd, 1])
                       for c in range(sc)]  # fmt: skip
-            tasks = [("fill", f"q_{c0 + c}", "q", tap) for c in range(sc) for tap in q_taps[c]]
+            # q into every column of the unit (kv_cols > 1: the same query tile into each column of the snake)
+            tasks = [("fill", f"q_{c0 + c + j}", "q", tap) for c in range(sc) for j in range(kc) for tap in q_taps[c]]
             if direct:
                 for st, f in enumerate(parts):
                     off = st * segment * tk * 2 * kvd + kv_head * d
@@ -728,21 +760,26 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
                     sizes = [streamed[u], per_feed, tk, 2, d]
                     strides = [tk * 2 * kvd, segment * tk * 2 * kvd, 2 * kvd, kvd, 1]
                     tasks += [("fill", feed, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
-            tasks += [("drain", f"o_{c0 + c}", "o", tap) for c in range(sc) for tap in q_taps[c]]
+            tasks += [("drain", f"o_{c0 + c + kc - 1}", "o", tap) for c in range(sc) for tap in q_taps[c]]
             per_unit.append(tasks)
         group_tasks.append(per_unit)
         for c in range(sc):
-            col = c0 + c
-            q_in, o_out = f"q_{col}", f"o_{col}"
+            col = c0 + c  # the unit's first column (kv_cols > 1: sc is 1 and the unit's stages snake from here)
+            q_ins, o_out = [f"q_{col + j}" for j in range(kc)], f"o_{col + kc - 1}"
             states = [f"st_{col}_{s}" for s in range(nst - 1)]
-            rides = feeds[0] if ch == 2 else None  # both MM2S channels carry K/V: q rides the first, ahead of it
-            fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW), rides_with=rides)]
+            for j, q_in in enumerate(q_ins):
+                # both MM2S channels of a column carry K/V: its q rides the column's first feed, ahead of it
+                rides = feeds[j * ch] if ch == 2 else None
+                fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col + j, SHIM_ROW), rides_with=rides)]
             fifos += [ObjectFifo(f, (n, d + 2), "fp32", 1) for f in states]
-            fifos += [ObjectFifo(o_out, (n, d), "bf16", 1, shim_placement=Tile(col, SHIM_ROW))]
+            fifos += [ObjectFifo(o_out, (n, d), "bf16", 1, shim_placement=Tile(col + kc - 1, SHIM_ROW))]
             tiles = [i * sc + c for _, i in units]
             for s in range(nst):
                 st_in = states[s - 1] if s else None
                 out = states[s] if s < nst - 1 else o_out
+                j, r = divmod(s, rows)  # column of the snake, and the stage's place in it (down, then up, ...)
+                tile = Tile(col + j, FIRST_COMPUTE_ROW + (r if j % 2 == 0 else rows - 1 - r))
+                q_in = q_ins[j]
                 n_blocks = sum(max(0, min(segment, own - s * segment)) for own in owns[c])
                 workers.append(
                     Worker(
@@ -751,7 +788,7 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
                         inputs=(q_in, parts[s]) + ((st_in,) if st_in else ()),
                         outputs=(out,),
                         iterations=1,
-                        placement=Tile(col, FIRST_COMPUTE_ROW + s),
+                        placement=tile,
                         local_bytes=_local(shape, config),
                         acquires={q_in: len(units), parts[s]: sum(streamed), out: len(units)}
                         | ({st_in: len(units)} if st_in else {}),
@@ -869,6 +906,7 @@ def _assemble(
         + (f"_cascade{config.kv_stages}" if config.kv_stages > 1 else "")
         + ("_grouprows" if config.group_rows else "")
         + (f"_kv{config.kv_channels}ch" if config.kv_channels > 1 else "")
+        + (f"_kvcols{config.kv_cols}" if config.kv_cols > 1 else "")
         + ("_rounds" if config.rounds else ""),
         device=device,
         inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape)],
@@ -1020,22 +1058,27 @@ def keeps_kv_heads_whole(op: str, config: dict) -> bool:
 def decode_cascade_configs(shape: Shape, device: Device | None = None) -> list[Config]:
     """Flash-decoding tilings of a decode step (one query): a unit per KV head, its group's heads as the tile's rows
     (``group_rows``), the stages of a column splitting its keys, K/V over one or both shim channels, on as many
-    columns as KV heads (at most the array's) or half of them. Offered after the one-pass tilings, so they change no
-    default; a tuner or a resident pass takes them when they are faster."""
+    columns as KV heads (at most the array's) or half of them, or a KV head's stages over several columns
+    (``kv_cols``) when the model has fewer KV heads than the array has columns. Offered after the one-pass tilings,
+    so they change no default; a tuner or a resident pass takes them when they are faster."""
     device = device or npu2()
     if shape.q_len != 1:
         return []
     full = min(device.columns, shape.n_kv_heads)
-    widths = [full] + ([full // 2] if full == device.columns else [])
+    # (columns, columns per KV head): one column per KV head on as many columns as there are KV heads (at most the
+    # array's) or half of them; then, for a model with fewer KV heads than columns, each KV head's stages over 2, 4,
+    # ... columns (``kv_cols``) while the array has them, so its cache streams over every column's shim
+    widths = [(full, 1)] + ([(full // 2, 1)] if full == device.columns else [])
+    widths += [(shape.n_kv_heads * kc, kc) for kc in (2, 4, 8) if shape.n_kv_heads * kc <= device.columns]
     out = []
-    for cols in widths:
+    for cols, kc in widths:
         # every compute row a stage, or two stages (one per K/V channel: one stream each, no memory-tile split,
         # and half the rows left to the launches beside it in a resident pass)
-        for nst in sorted({device.compute_rows, 2}, reverse=True):
+        for rows in sorted({device.compute_rows, 2}, reverse=True):
             for ch in (2, 1):
                 for tk in (64, 32, 16):
-                    cfg = Config(cols=cols, heads_per_col=1, tile_q=1, tile_k=tk, kv_stages=nst, group_rows=True,
-                                 kv_channels=ch)  # fmt: skip
+                    cfg = Config(cols=cols, heads_per_col=1, tile_q=1, tile_k=tk, kv_stages=rows * kc,
+                                 group_rows=True, kv_channels=ch, kv_cols=kc)  # fmt: skip
                     if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
                         out.append(cfg)
     return out
