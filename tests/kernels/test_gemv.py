@@ -19,6 +19,11 @@ SMALL = [
     (gemv.Shape(96, 64, 2), gemv.Config(cols=3, rows=4, tile_m=2, tile_k=64)),
     (gemv.Shape(64, 64, 1), gemv.Config(cols=2, rows=1, tile_m=8, tile_k=32, variant="bfp16")),
     (gemv.Shape(32, 64, 1), gemv.Config(cols=2, rows=1, tile_m=4, tile_k=32, variant="scalar")),
+    # weights on both shim channels of a column, joined in its memory tile (x on the free column 2's shim)
+    (gemv.Shape(64, 64, 1), gemv.Config(cols=2, rows=1, tile_m=8, tile_k=32, weight_channels=2)),
+    # ... split over 2 compute rows, and with x resident in every worker, riding column 0's first weight channel
+    (gemv.Shape(128, 96, 2), gemv.Config(cols=2, rows=2, tile_m=4, tile_k=32, weight_channels=2)),
+    (gemv.Shape(128, 64, 1), gemv.Config(cols=8, rows=2, tile_m=4, tile_k=32, weight_channels=2, x_rides=True)),
 ]
 
 
@@ -140,6 +145,27 @@ def test_a_multi_matrix_gemv_is_the_separate_launches_bit_for_bit(shape, config)
         y = run_fast(one, {"x": x, "w": ins[f"w{j}"]}, exact=True)["y"]
         assert torch.equal(tile[f"y{j}"], y) and torch.equal(exact[f"y{j}"], y)
     assert set(gemv.reference(ins)) == set(exact)
+
+
+def test_two_weight_channels_per_column_lift_the_shim_bound_and_are_a_tuner_choice():
+    """A bf16 decode GEMV (Llama-3.2-1B's down projection) on one shim channel per column is bound by those 8
+    channels; feeding the weights on both channels of every column (x resident, riding column 0's first) reaches the
+    DDR bound, and the tuner's first candidates hold it (same timing model). The feed's rules are shape errors."""
+    shape = gemv.Shape(2048, 8192, 1)
+    one = gemv.make_design(shape, gemv.Config(8, 4, 2, 128))
+    two = gemv.make_design(shape, gemv.Config(8, 4, 2, 128, weight_channels=2, x_rides=True))
+    assert validate(one) == [] and validate(two) == []
+    t_one, t_two = time_dispatch(one).designs[0], time_dispatch(two).designs[0]
+    assert t_one.limiter.startswith("shim") and t_two.limiter == "ddr" and t_two.seconds < 0.8 * t_one.seconds
+    assert {c.weight_channels for c in gemv.candidate_configs(shape)[:64]} == {1, 2}
+    for bad in (
+        gemv.Config(8, 1, 8, 128, weight_channels=2),  # no free column's shim for x
+        gemv.Config(4, 1, 8, 128, weight_channels=3),  # a shim has 2 MM2S channels
+        gemv.Config(4, 1, 8, 128, x_rides=True),  # x rides only a dual-channel feed
+        gemv.Config(4, 3, 2, 128, weight_channels=2),  # 3 compute rows on 2 channels
+    ):
+        with pytest.raises(DesignError):
+            gemv.make_design(shape, bad)
 
 
 def test_runs_share_task_groups_until_a_shim_runs_out_of_buffer_descriptors():

@@ -9,6 +9,10 @@ Dataflow (``cols`` <= 8 columns x ``rows`` <= 4 compute rows, worker (r, c) on t
   several the column's memory tile splits it into one (tile_m, tile_k) object per row.
 - x is one broadcast fifo from shim 0 to every worker, (M, tile_k) per call, re-sent for every block
   of output rows (a worker keeps no full copy of x, so K is not bounded by tile memory).
+- ``weight_channels`` = 2 (the quantized GEMV's choice too): both shim MM2S channels of every column carry half
+  of each block, joined in its memory tile; x then takes a free column's shim, or, with ``x_rides``, is sent
+  once, whole, ahead of column 0's first weight stream and stays resident in every worker. One channel per
+  column caps a bf16 GEMV at 8 channels' rate (~50 GB/s modeled), below the DDR's; two reach the DDR bound.
 - each worker holds an (M, tile_m) output object while it streams K / tile_k weight and x chunks,
   accumulating in an fp32 scratch accumulator and rounding once to bf16; several rows are joined in
   the column's memory tile and drained through the column's shim.
@@ -121,6 +125,15 @@ class Config:
     # that loses accuracy with K; the default fp32 scratch accumulator rounds once; SERIAL_BF16 rounds after every
     # product (the degraded kernel of the gates' tests).
     acc: str = "fp32"
+    # The weight feed, as the quantized GEMV's (``qgemv.Config``): 1 = one shim MM2S channel per column; 2 = both
+    # channels of every column carry half of each weight block, joined in the memory tile, with x on the shim of a
+    # column the design leaves free, or, on every column, riding column 0's first weight channel and resident in
+    # every worker (``x_rides``, ``Tiling.x_rides``). One channel per column caps a bf16 GEMV at 8 channels' rate.
+    weight_channels: int = 1
+    x_rides: bool = False
+
+    def tiling(self) -> Tiling:
+        return Tiling(self.cols, self.rows, self.tile_m, self.tile_k, self.depth, self.weight_channels, 0, self.x_rides)
 
 
 def _err(message: str) -> DesignError:
@@ -131,7 +144,8 @@ def l1_bytes(shape: Shape, config: Config) -> int:
     """Compute-tile memory one worker needs: W chunk x depth, x chunk and y block double-buffered, fp32 acc, stack."""
     tm, tk, m = config.tile_m, config.tile_k, shape.m
     acc = 4 * m * tm if config.acc == "fp32" else 0
-    return 2 * (config.depth * tm * tk + 2 * m * tk + 2 * m * tm) + acc + CORE_STACK_BYTES
+    x = m * shape.k if config.x_rides else 2 * m * tk  # resident whole x, or a double-buffered chunk
+    return 2 * (config.depth * tm * tk + x + 2 * m * tm) + acc + CORE_STACK_BYTES
 
 
 def rows_per_worker(shape: Shape, config: Config) -> int:
@@ -151,12 +165,30 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"{config.rows} x {config.cols} tiles do not fit {device.name}")
     if config.depth < 1 or config.tile_m < 1 or config.tile_k < 1:
         raise _err(f"config {config} has a non-positive tile size or depth")
+    check_feed(config.weight_channels, config.x_rides, config.cols, config.rows, config.tile_m, device, _err)
     check_parts(shape, config.cols * config.rows * config.tile_m, _err)
     if shape.k % config.tile_k or config.tile_k % K_GRANULE:
         raise _err(
             f"K={shape.k} is not a whole number of {config.tile_k}-element chunks, or the chunk is not a multiple "
             f"of {K_GRANULE}; pick a chunk that divides K"
         )
+
+
+def check_feed(
+    channels: int, x_rides: bool, cols: int, rows: int, tile_m: int, device: Device, err: Callable[[str], DesignError]
+) -> None:
+    """The weight-feed rules every matrix-vector family shares (``Tiling``): 1 or 2 shim MM2S channels per column;
+    a resident x rides a weight channel of a dual-channel feed; otherwise two channels need a free column's shim
+    for x; each channel carries whole rows, and the compute rows share the channels evenly."""
+    if channels not in (1, 2):
+        raise err(f"weight_channels must be 1 or 2, got {channels}")
+    if x_rides:
+        if channels != 2 or (rows * tile_m) % 2:
+            raise err("a resident x rides a weight channel of a dual-channel feed (weight_channels 2, even tile_m)")
+    elif channels == 2 and (cols >= device.columns or (rows * tile_m) % 2):
+        raise err("two weight channels per column need a free column's shim for x (or x_rides) and an even tile_m")
+    if rows > 1 and rows % channels:
+        raise err(f"{rows} compute rows do not share {channels} weight channels evenly")
 
 
 def _numerics(config: Config) -> nx.Numerics:
@@ -190,6 +222,7 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     def matvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         w, x = ins
         (y,) = outs
+        x = x_chunk(x, tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
         if config.acc == SERIAL_BF16:
             y.copy_(_serial_sum(torch.zeros_like(y) if ctx.first else y, x, w, operands))
             return
@@ -499,7 +532,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     _check(shape, config, device)
     m, n, k = shape.m, shape.n, shape.k
     stream = WeightStream("bf16", k, config.tile_k)
-    tiling = Tiling(config.cols, config.rows, config.tile_m, config.tile_k, config.depth)
+    tiling = config.tiling()
     local = 4 * m * config.tile_m if config.acc == "fp32" else 0
     kernel = _kernel(shape, config)
     fifos, links, workers, rt = matvec_dataflow(
@@ -596,11 +629,13 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                 for tk in ks:
                     for variant in ("vector", "bfp16", "scalar"):
                         for depth in (2, 1):
-                            cfg = Config(cols, rows, tm, tk, variant, depth)
-                            if not fits(shape, cfg, device):
-                                continue
-                            rank = (variant != "vector", depth != 2, -rows * cols, -tm * tk, rows)
-                            out.append((rank, cfg))
+                            for ch in (1, 2):
+                                rides = ch == 2 and cols == device.columns  # no free column's shim for x
+                                cfg = Config(cols, rows, tm, tk, variant, depth, weight_channels=ch, x_rides=rides)
+                                if not fits(shape, cfg, device):
+                                    continue
+                                rank = (variant != "vector", depth != 2, -rows * cols * ch, -tm * tk, ch, rows)
+                                out.append((rank, cfg))
     out.sort(key=lambda x: x[0])
     return [c for _, c in out]
 

@@ -68,9 +68,12 @@ class Config:
     depth: int = 2
     acc: str = "fp32"  # the partitions' GEMV accumulator (gemv.Config.acc); "bf16" rounds after every K chunk
     tail: str = "pad"  # the ragged last partition (TAILS); only "pad" is ever a candidate
+    weight_channels: int = 1  # the partitions' weight feed (gemv.Config.weight_channels, x_rides)
+    x_rides: bool = False
 
     def gemv_config(self) -> gemv.Config:
-        return gemv.Config(self.cols, self.rows, self.tile_m, self.tile_k, self.variant, self.depth, self.acc)
+        return gemv.Config(self.cols, self.rows, self.tile_m, self.tile_k, self.variant, self.depth, self.acc,
+                           self.weight_channels, self.x_rides)  # fmt: skip
 
 
 def _err(message: str) -> DesignError:
@@ -279,7 +282,8 @@ def bad_partitions(checks: list[PartitionCheck]) -> list[int]:
 # configs
 # ----------------------------------------------------------------------------------------------------------------------
 def _from_gemv(partition_rows: int, g: gemv.Config) -> Config:
-    return Config(partition_rows, g.cols, g.rows, g.tile_m, g.tile_k, g.variant, g.depth)
+    return Config(partition_rows, g.cols, g.rows, g.tile_m, g.tile_k, g.variant, g.depth,
+                  weight_channels=g.weight_channels, x_rides=g.x_rides)  # fmt: skip
 
 
 def _legal(shape: Shape, config: Config, device: Device) -> bool:

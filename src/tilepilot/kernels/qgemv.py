@@ -34,6 +34,7 @@ from tilepilot.kernels.gemv import (
     TILE_M_CHOICES,
     Tiling,
     WeightStream,
+    check_feed,
     check_parts,
     matvec_dataflow,
     matvec_tensors,
@@ -134,20 +135,15 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"config is for {config.fmt}/{config.block} but the weights are {shape.fmt}/{shape.block}")
     if min(shape.n, shape.k, shape.m) < 1 or shape.m > MAX_TOKENS:
         raise _err(f"shape {shape} is not a GEMV (1..{MAX_TOKENS} tokens, non-empty)")
-    if config.weight_channels not in (1, 2):
-        raise _err(f"weight_channels must be 1 or 2, got {config.weight_channels}")
     if config.tile_m0 and config.x_rides:
         raise _err("an uneven split keeps x on column 0's second channel; it cannot also ride a weight channel")
     if config.tile_m0:
         if config.weight_channels != 2 or config.cols < 2 or config.tile_m0 % 2 or config.tile_m % 2:
             raise _err("an uneven split feeds columns 1.. on both channels (weight_channels 2, cols >= 2, even tiles)")
-    elif config.x_rides:
-        if config.weight_channels != 2 or (config.rows * config.tile_m) % 2:
-            raise _err("a resident x rides a weight channel of a dual-channel feed (weight_channels 2, even tile_m)")
-    elif config.weight_channels == 2 and (config.cols >= device.columns or (config.rows * config.tile_m) % 2):
-        raise _err("two weight channels per column need a free column's shim for x (or x_rides) and an even tile_m")
-    if config.rows > 1 and config.rows % config.weight_channels:
-        raise _err(f"{config.rows} compute rows do not share {config.weight_channels} weight channels evenly")
+        if config.rows > 1 and config.rows % 2:
+            raise _err(f"{config.rows} compute rows do not share 2 weight channels evenly")
+    else:
+        check_feed(config.weight_channels, config.x_rides, config.cols, config.rows, config.tile_m, device, _err)
     if not 1 <= config.rows <= min(4, device.compute_rows):
         raise _err(f"{config.rows} compute rows per column do not fit {device.name}; use 1..4")
     if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
