@@ -77,3 +77,13 @@ def test_bench_a_model_dir_with_the_air_q4_plan(zoo_model, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["plan"] == "air-q4" and res["modeled"]["dispatches_per_token"]["decode"] == 1
     assert "modeled" in res["modeled"]["clock"]
+
+
+def test_a_one_dispatch_decode_reads_as_one_per_token_not_zero_per_layer():
+    """A stage whose whole pass is one dispatch has no dispatch of its own per layer (0); the summaries people read
+    say one per token instead, and a per-layer stage keeps its count."""
+    spec = get_zoo_model("llama-3.2-1b").spec(layers=2)
+    air = air_q4_plan(paper_like_plan(spec))
+    assert air.dispatches_per_layer("decode") == 0
+    assert air.dispatches_text().endswith("1/token decode")
+    assert paper_like_plan(spec).dispatches_text() == "dispatches 3/layer prefill, 2/layer decode"

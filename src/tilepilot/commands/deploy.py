@@ -19,6 +19,7 @@ from tilepilot.model.gguf import is_gguf_input, resolve_model_path
 from tilepilot.model.quant import DEFAULT_BF16_TENSORS, FORMATS, GGUF_BLOCK, WeightFormat
 from tilepilot.model.spec import load_spec
 from tilepilot.model.zoo import get_zoo_model
+from tilepilot.plan.plan import describe_dispatches
 from tilepilot.runtime.timing import same_model_claims
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills.context import Settings
@@ -111,8 +112,8 @@ def _fmt_perf(perf: dict, published: dict | None = None) -> list[str]:
         d = f["dispatches_per_layer"]
         lines.append(
             f"{label:>10} ({f['plan']}): TTFT@{perf['prompt_len']} {f['ttft_s']:.3f} s, decode "
-            f"{f['decode_ms_per_token']:.2f} ms/token = {f['decode_tok_s']:.2f} tok/s, dispatches/layer "
-            f"{d['prefill']} prefill / {d['decode']} decode (modeled)"
+            f"{f['decode_ms_per_token']:.2f} ms/token = {f['decode_tok_s']:.2f} tok/s, {describe_dispatches(d)} "
+            "(modeled)"
         )
     if perf.get("after"):
         c = same_model_claims(

@@ -172,6 +172,10 @@ class DeploymentPlan:
             return 0
         return sum(g.is_dispatch for g in self.stage(stage).block)
 
+    def dispatches_text(self) -> str:
+        """The plan's dispatches for a person (``describe_dispatches``)."""
+        return describe_dispatches({s: self.dispatches_per_layer(s) for s in STAGES})
+
     def dispatches_per_token(self, stage: str) -> int:
         """NPU dispatches of one forward pass (all layers plus the head)."""
         st = self.stage(stage)
@@ -333,6 +337,17 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                         problems.append(f"{where} op {c.op} has a non-object config")
                 problems += merge_problems(g, graph, where)
     return problems
+
+
+def describe_dispatches(per_layer: dict[str, int]) -> str:
+    """Dispatches per layer of each stage, as a person reads them: a stage whose whole pass is one dispatch has 0 per
+    layer (``dispatches_per_layer``), which reads as a stage with no NPU work; it is said as one per pass (a decode
+    pass is one token)."""
+    parts = []
+    for stage in STAGES:
+        n = per_layer[stage]
+        parts.append(f"{n}/layer {stage}" if n else f"1/{'token' if stage == 'decode' else 'pass'} {stage}")
+    return "dispatches " + ", ".join(parts)
 
 
 def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:

@@ -54,6 +54,7 @@ from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.npu.trace import Trace
 from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
+from tilepilot.plan.plan import describe_dispatches
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
 from tilepilot.runtime.workspace import load_workspace
@@ -600,8 +601,7 @@ def render(ev: Evaluation) -> str:
         f"{g.get('second_call.logits_cosine', float('nan')):.5f}",
         (
             f"- re-timed: TTFT@{t['prompt_len']} {t['ttft_s']:.4f} s, decode {t['decode_ms_per_token']:.3f} ms/token "
-            f"(modeled); dispatches/layer {t['dispatches_per_layer']['prefill']} prefill / "
-            f"{t['dispatches_per_layer']['decode']} decode"
+            f"(modeled); {describe_dispatches(t['dispatches_per_layer'])}"
         )
         if "error" not in t
         else f"- re-timing failed: {t['error']}",

@@ -160,8 +160,7 @@ class FinalizeAndLearn(PhaseSkill):
         lessons_ws = json.loads((ctx.root / "lessons.json").read_text()) if (ctx.root / "lessons.json").exists() else {}
         new_lessons = list(lessons_ws.get("lessons", [])) + _perf_lessons(ctx)
         summary_lesson = (
-            f"Final plan: {plan.dispatches_per_layer('prefill')} prefill / {plan.dispatches_per_layer('decode')} "
-            f"decode dispatches per layer; modeled TTFT@{ctx.settings.timing_prompt_len} "
+            f"Final plan: {plan.dispatches_text()}; modeled TTFT@{ctx.settings.timing_prompt_len} "
             f"{perf_figures(plan, ctx.runners.timing(plan))['ttft_s']:.4f} s."
         )
         ctx.workspace.journal.lesson(f"finalize: {ctx.model.spec.name or ctx.model.spec.architecture}", summary_lesson)

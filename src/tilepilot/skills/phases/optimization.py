@@ -15,6 +15,7 @@ from tilepilot.gates.gate import Gate, Threshold
 from tilepilot.gates.thresholds import phase3_thresholds
 from tilepilot.harness.model_gate import model_gate, model_gate_thresholds
 from tilepilot.kernels.tuning import calibration_key
+from tilepilot.plan.plan import describe_dispatches
 from tilepilot.skills import registry
 from tilepilot.skills.base import PhaseSkill
 from tilepilot.skills.optimize.common import clone
@@ -124,7 +125,7 @@ class _OptimizationPhase(PhaseSkill):
         )
         summary = (
             f"modeled {label} {b * 1e3:.2f} -> {a * 1e3:.2f} ms ({b / a:.2f}x) with "
-            f"{int(m['applied_steps'])} change(s); {after['dispatches_per_layer'][self.stage]} dispatch(es)/layer"
+            f"{int(m['applied_steps'])} change(s); {describe_dispatches(after['dispatches_per_layer'])}"
         )
         return finish(self, ctx, result_report, evidence, summary)
 
