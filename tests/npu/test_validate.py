@@ -296,6 +296,24 @@ def test_bd_and_lock_limits():
     assert [v.code for v in vs] == ["LOCK_LIMIT"] and vs[0].tile == Tile(0, 2)
 
 
+def test_a_shared_memory_hand_off_keeps_its_buffers_where_both_cores_reach():
+    """A core reaches its own, the west, north and south memories: a hand-off to the east or north neighbour keeps
+    the buffers on the producer's tile, one to the west neighbour (who cannot reach east) on the consumer's."""
+    fifos = [ObjectFifo(f"s{i}", (8,)) for i in range(9)] + [ObjectFifo("x", (8,)), ObjectFifo("y", (8,))]
+    rt = Runtime().fill("x", "inp", tap(8)).drain("y", "out", tap(8))
+    for prod_tile, cons_tile, charged in (
+        (Tile(1, 2), Tile(2, 2), Tile(1, 2)),  # east: the consumer reaches its west, the producer's memory
+        (Tile(1, 2), Tile(1, 3), Tile(1, 2)),  # north
+        (Tile(1, 2), Tile(0, 2), Tile(0, 2)),  # west: the producer reaches its west, the consumer's memory
+    ):
+        prod = Worker("p", K, ("x",), tuple(f"s{i}" for i in range(9)), placement=prod_tile)
+        cons = Worker("c", K, tuple(f"s{i}" for i in range(9)), ("y",), placement=cons_tile)
+        d = Design("hand_off", inputs=[TensorSpec("inp", (8,))], outputs=[TensorSpec("out", (8,))], fifos=fifos,
+                   workers=[prod, cons], runtime=rt)  # fmt: skip
+        vs = validate(d)  # 9 fifos x 2 locks on one tile: the tile that holds them is the one over the limit
+        assert [v.code for v in vs] == ["LOCK_LIMIT"] and vs[0].tile == charged
+
+
 def test_worker_program_and_numerics_mismatch():
     d = stream()
     d.workers[0] = replace(d.workers[0], acquires={"x0": 2}, calls_per_iteration=3, iterations=2)

@@ -176,8 +176,9 @@ class Config:
     # the column's shim, and q rides the first (``ObjectFifo.rides_with``), as the quantized GEMV's weights do.
     kv_channels: int = 1
     # Flash-decoding across columns (``group_rows`` only): a KV head's ``kv_stages`` stages laid over this many
-    # neighbouring columns, ``kv_stages / kv_cols`` per column, the partial state passed down one column and up the
-    # next (a snake: every hand-off between orthogonal neighbours, east at a turn, so through shared memory). Each
+    # neighbouring columns, ``kv_stages / kv_cols`` per column, the partial state passed up one column's compute rows
+    # and back down the next (a snake: every hand-off between orthogonal neighbours, east at a turn, so through shared
+    # memory on the tile both cores reach, ``npu.resources.shared_buffer_tile``). Each
     # column feeds its own stages from its own shim, so a model with few KV heads streams its cache over more shim
     # channels than its KV heads have columns; q goes to every column of the unit, o leaves from the last.
     kv_cols: int = 1
@@ -502,24 +503,24 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"{config.kv_stages}) on columns that do not share a stream (share_cols {config.share_cols})",
         )
     kc = config.kv_cols
-    if kc < 1 or (kc > 1 and (not config.group_rows or config.kv_stages % kc or config.kv_stages // kc < 1)):
+    if kc < 1 or (kc > 1 and (not config.group_rows or config.kv_stages % kc or config.cols % kc)):
         raise shape_error(
             FAMILY,
-            f"{kc} columns per KV head (kv_cols) need flash-decoding (group_rows) and a whole number of its "
-            f"{config.kv_stages} cascade stages per column",
+            f"{kc} columns per KV head (kv_cols) need flash-decoding (group_rows), a whole number of its "
+            f"{config.kv_stages} cascade stages per column and whole units of {kc} among the {config.cols} columns",
         )
-    if config.kv_channels == 2 and (config.kv_stages // kc) % 2:
+    if kc > 1 and config.kv_channels == 2 and (config.kv_stages // kc) % 2:
         raise shape_error(
             FAMILY,
             f"2 K/V channels need an even number of cascade stages per column (got {config.kv_stages // kc} on each "
             f"of {kc} columns)",
         )
     sc = config.share_cols
-    if sc < 1 or (sc > 1 and config.kv_stages == 1) or config.cols % sc or q_tiles % sc or config.cols % kc:
+    if sc < 1 or (sc > 1 and config.kv_stages == 1) or config.cols % sc or q_tiles % sc:
         raise shape_error(
             FAMILY,
             f"{sc} columns sharing a key/value stream need cascade stages and must divide the {config.cols} "
-            f"columns and the {q_tiles} query tiles; {kc} columns per KV head must divide the columns too",
+            f"columns and the {q_tiles} query tiles",
         )
     if qpc < 1 or config.workers_per_col > device.compute_rows or q_tiles % qpc:
         raise shape_error(
@@ -696,8 +697,9 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
     channel goes straight from the shim); the partial state passed stage to stage through shared memory
     (neighbouring rows, no DMA); o from each column's last stage to its shim. ``group_rows``: a unit is a KV head and
     q / o move its group's heads side by side ([tile_q, group * head_dim] of the row). ``kv_cols`` > 1: the stages
-    snake over that many columns (down the first, up the next, ...), each column's stages fed from its own shim as
-    one column's are, q filled into every column of the unit, o drained from the column of the last stage."""
+    snake over that many columns (along the first's compute rows, back along the next's, ...), each column's stages
+    fed from its own shim as one column's are, q filled into every column of the unit, o drained from the column of
+    the last stage."""
     tq, tk, d, g, nst, sc = (config.tile_q, config.tile_k, shape.head_dim, shape.group, config.kv_stages,
                              config.share_cols)  # fmt: skip
     kc = config.kv_cols
@@ -768,7 +770,9 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             q_ins, o_out = [f"q_{col + j}" for j in range(kc)], f"o_{col + kc - 1}"
             states = [f"st_{col}_{s}" for s in range(nst - 1)]
             for j, q_in in enumerate(q_ins):
-                # both MM2S channels of a column carry K/V: its q rides the column's first feed, ahead of it
+                # both MM2S channels of a column carry K/V: its q rides the column's first feed, ahead of it. feeds
+                # are in stage order, ch per column in either branch (one stage per channel: a column's rows == ch)
+                assert ch == 1 or len(feeds) == ch * kc
                 rides = feeds[j * ch] if ch == 2 else None
                 fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col + j, SHIM_ROW), rides_with=rides)]
             fifos += [ObjectFifo(f, (n, d + 2), "fp32", 1) for f in states]
@@ -1059,7 +1063,7 @@ def decode_cascade_configs(shape: Shape, device: Device | None = None) -> list[C
     """Flash-decoding tilings of a decode step (one query): a unit per KV head, its group's heads as the tile's rows
     (``group_rows``), the stages of a column splitting its keys, K/V over one or both shim channels, on as many
     columns as KV heads (at most the array's) or half of them, or a KV head's stages over several columns
-    (``kv_cols``) when the model has fewer KV heads than the array has columns. Offered after the one-pass tilings,
+    (``kv_cols`` 2, 4, 8) when the array has that many columns for every KV head. Offered after the one-pass tilings,
     so they change no default; a tuner or a resident pass takes them when they are faster."""
     device = device or npu2()
     if shape.q_len != 1:

@@ -8,11 +8,13 @@ Dataflow (``cols`` <= 8 columns x ``rows`` <= 4 compute rows, worker (r, c) on t
   call, a (rows*tile_m, tile_k) block; with one row of workers it goes straight to the worker, with
   several the column's memory tile splits it into one (tile_m, tile_k) object per row.
 - x is one broadcast fifo from shim 0 to every worker, (M, tile_k) per call, re-sent for every block
-  of output rows (a worker keeps no full copy of x, so K is not bounded by tile memory).
-- ``weight_channels`` = 2 (the quantized GEMV's choice too): both shim MM2S channels of every column carry half
-  of each block, joined in its memory tile; x then takes a free column's shim, or, with ``x_rides``, is sent
-  once, whole, ahead of column 0's first weight stream and stays resident in every worker. One channel per
-  column caps a bf16 GEMV at 8 channels' rate (~50 GB/s modeled), below the DDR's; two reach the DDR bound.
+  of output rows (a worker keeps no full copy of x, so K is not bounded by tile memory); but see below.
+- ``weight_channels`` = 2 (the quantized GEMV's choice too): both shim MM2S channels of every column carry the
+  column's weights (half of each block; with one compute row the halves are joined in the memory tile, with
+  several each channel's block is split to its own rows); x then takes the shim of a column the design leaves
+  free, or, with ``x_rides``, is sent once, whole, ahead of column 0's first weight stream and stays resident in
+  every worker. One channel per column caps a bf16 GEMV at 8 channels' rate (~50 GB/s modeled), below the DDR's;
+  two on several compute rows reach the DDR bound.
 - each worker holds an (M, tile_m) output object while it streams K / tile_k weight and x chunks,
   accumulating in an fp32 scratch accumulator and rounding once to bf16; several rows are joined in
   the column's memory tile and drained through the column's shim.
@@ -126,9 +128,9 @@ class Config:
     # product (the degraded kernel of the gates' tests).
     acc: str = "fp32"
     # The weight feed, as the quantized GEMV's (``qgemv.Config``): 1 = one shim MM2S channel per column; 2 = both
-    # channels of every column carry half of each weight block, joined in the memory tile, with x on the shim of a
-    # column the design leaves free, or, on every column, riding column 0's first weight channel and resident in
-    # every worker (``x_rides``, ``Tiling.x_rides``). One channel per column caps a bf16 GEMV at 8 channels' rate.
+    # channels of every column carry half of each weight block, with x on the shim of a column the design leaves
+    # free, or, on every column, riding column 0's first weight channel and resident in every worker (``x_rides``,
+    # ``Tiling.x_rides``). One channel per column caps a bf16 GEMV at 8 channels' rate.
     weight_channels: int = 1
     x_rides: bool = False
 
@@ -172,6 +174,12 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
             f"K={shape.k} is not a whole number of {config.tile_k}-element chunks, or the chunk is not a multiple "
             f"of {K_GRANULE}; pick a chunk that divides K"
         )
+
+
+def x_must_ride(cols: int, channels: int, device: Device) -> bool:
+    """Whether x must ride a weight channel (``Tiling.x_rides``): a dual-channel feed on every column leaves no
+    free column's shim for it."""
+    return channels == 2 and cols == device.columns
 
 
 def check_feed(
@@ -630,7 +638,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                     for variant in ("vector", "bfp16", "scalar"):
                         for depth in (2, 1):
                             for ch in (1, 2):
-                                rides = ch == 2 and cols == device.columns  # no free column's shim for x
+                                rides = x_must_ride(cols, ch, device)
                                 cfg = Config(cols, rows, tm, tk, variant, depth, weight_channels=ch, x_rides=rides)
                                 if not fits(shape, cfg, device):
                                     continue

@@ -43,6 +43,7 @@ from tilepilot.kernels.gemv import (
     tile_fits,
     tile_k_choices,
     x_chunk,
+    x_must_ride,
 )
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu import numerics as nx
@@ -95,12 +96,6 @@ class Config:
         return Tiling(
             self.cols, self.rows, self.tile_m, self.tile_k, self.depth, self.weight_channels, self.tile_m0, self.x_rides
         )
-
-
-def x_must_ride(cols: int, channels: int, device: Device) -> bool:
-    """Whether x must ride a weight channel (``Tiling.x_rides``): a dual-channel feed on every column leaves no
-    free column's shim for it."""
-    return channels == 2 and cols == device.columns
 
 
 def _err(message: str) -> DesignError:

@@ -35,6 +35,13 @@ def shares_memory(a: Tile | None, b: Tile | None) -> bool:
     return a is not None and b is not None and abs(a.col - b.col) + abs(a.row - b.row) == 1
 
 
+def shared_buffer_tile(producer: Tile, consumer: Tile) -> Tile:
+    """Where a shared-memory fifo's buffers live: a tile whose memory both cores reach (a core reaches its own, the
+    west, north and south memories). The producer's, unless the consumer sits west of it and so cannot reach east;
+    then the consumer's own, which the producer reaches as its west neighbour's."""
+    return consumer if consumer.row == producer.row and consumer.col == producer.col - 1 else producer
+
+
 def uses_shared_memory(design: Design, fifo: ObjectFifo) -> bool:
     prods, cons = design.producers(fifo.name), design.consumers(fifo.name)
     if len(prods) != 1 or len(cons) != 1 or prods[0].kind != "worker" or cons[0].kind != "worker":
@@ -76,7 +83,8 @@ def resource_claims(design: Design) -> dict[Tile, list[tuple[tuple, TileUse]]]:
             claim(w.placement, ("locals",)).add_memory(w.local_bytes, f"{w.name} locals")
     for f in design.fifos:
         if uses_shared_memory(design, f):
-            tile = design.worker(design.producers(f.name)[0].name).placement
+            prod = design.worker(design.producers(f.name)[0].name).placement
+            tile = shared_buffer_tile(prod, design.worker(design.consumers(f.name)[0].name).placement)
             u = claim(tile, ("shared", f.obj_bytes, f.depth), locks=LOCKS_PER_FIFO_END)
             u.add_memory(f.buffer_bytes, f"fifo {f.name} (shared, {f.depth} x {f.obj_bytes} B)")
             continue
