@@ -12,7 +12,7 @@ from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.quant import deployment_weights
 from tilepilot.model.zoo import get_zoo_model, zoo_names
 from tilepilot.oracle.model import Oracle
-from tilepilot.plan.air_q4 import KV_WINDOW_STEP, air_q4_plan
+from tilepilot.plan.air_q4 import KV_WINDOW_STEP, air_q4_plan, fused_stage
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
 from tilepilot.plan.plan import KV_TEMPLATE_ROWS, validate_plan
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -83,7 +83,7 @@ def test_a_one_dispatch_decode_reads_as_one_per_token_not_zero_per_layer():
     """A stage whose whole pass is one dispatch has no dispatch of its own per layer (0); the summaries people read
     say one per token instead, and a per-layer stage keeps its count."""
     spec = get_zoo_model("llama-3.2-1b").spec(layers=2)
-    air = air_q4_plan(paper_like_plan(spec))
-    assert air.dispatches_per_layer("decode") == 0
-    assert air.dispatches_text().endswith("1/token decode")
+    one = fused_stage(paper_like_plan(spec))
+    assert one is not None and one.dispatches_per_layer("decode") == 0
+    assert one.dispatches_text() == "dispatches 3/layer prefill, 1/token decode"
     assert paper_like_plan(spec).dispatches_text() == "dispatches 3/layer prefill, 2/layer decode"
