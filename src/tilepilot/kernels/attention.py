@@ -178,9 +178,9 @@ class Config:
     # Flash-decoding across columns (``group_rows`` only): a KV head's ``kv_stages`` stages laid over this many
     # neighbouring columns, ``kv_stages / kv_cols`` per column, the partial state passed up one column's compute rows
     # and back down the next (a snake: every hand-off between orthogonal neighbours, east at a turn, so through shared
-    # memory on the tile both cores reach, ``npu.resources.shared_buffer_tile``). Each
-    # column feeds its own stages from its own shim, so a model with few KV heads streams its cache over more shim
-    # channels than its KV heads have columns; q goes to every column of the unit, o leaves from the last.
+    # memory on the tile both cores reach, ``npu.resources.shared_buffer_tile``). Each column feeds its own stages
+    # from its own shim, so a model with few KV heads streams its cache over more shim channels than one column per
+    # KV head has; q goes to every column of the unit, o leaves from the last.
     kv_cols: int = 1
 
     @property
