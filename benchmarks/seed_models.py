@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.model.zoo import get_zoo_model, write_zoo_model, zoo_names
+from tilepilot.plan.plan import dispatch_rate
 from tilepilot.runtime.eta import ETA_GOAL, PREFILL_TOKENS, REFERENCE_MODEL, eta_scale, sustained
 from tilepilot.runtime.timing import MODEL_ERROR_BASIS, same_model_claims
 
@@ -434,7 +435,7 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "## Results",
         "",
         "| model | status | TTFT@2048 s (modeled) | decode tok/s (modeled) | speed-up vs paper-like TTFT / decode "
-        "| speed-up vs iron-like TTFT / decode | dispatches/layer prefill/decode | eta prefill | eta decode "
+        "| speed-up vs iron-like TTFT / decode | dispatches prefill / decode | eta prefill | eta decode "
         "| eta_scale | paper eta (our def.) | deploy wall (measured) | peak RSS (measured) | evaluator |",
         "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -456,7 +457,7 @@ def render_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"| {r['model']} | {r['status']} ({dep.get('verdict') or 'no verdict'}) | {_f(m.get('ttft_s'), '.3f')} "
             f"| {_f(m.get('decode_tok_s'), '.2f')} | {_f(sp.get('ttft'), '.3f')}x / {_f(sp.get('decode'), '.3f')}x "
             f"| {_x(si.get('ttft'))} / {_x(si.get('decode'))} "
-            f"| {d.get('prefill', '—')} / {d.get('decode', '—')} | {_f(e.get('prefill'), '.2f')} "
+            f"| {_rate(d, 'prefill')} / {_rate(d, 'decode')} | {_f(e.get('prefill'), '.2f')} "
             f"| {_f(e.get('decode'), '.2f')} | {_f(e.get('combined'), '.2f')} | {_f(peta, '.2f')} | {wall} "
             f"| {dep['peak_rss_bytes'] / GiB:.2f} GiB | {ev.get('verdict') or 'not run'} |"
         )
@@ -637,6 +638,11 @@ def write_results(workdir: Path, results_dir: Path, layers: int | None) -> Path:
         f.write(render_markdown(rows, meta))
     os.replace(tmp, md)
     return md
+
+
+def _rate(per_layer: dict[str, int], stage: str) -> str:
+    """A stage's dispatches for the table (``1/layer``, ``1/token`` for a one-dispatch decode), or a dash."""
+    return "—" if stage not in per_layer else dispatch_rate(per_layer[stage], stage)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -339,15 +339,16 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
     return problems
 
 
+def dispatch_rate(per_layer: int, stage: str) -> str:
+    """A stage's dispatches as a person reads them: ``3/layer``, or, for a stage whose whole pass is one dispatch (0
+    per layer in ``dispatches_per_layer``, which reads as a stage with no NPU work), one per pass (``1/token`` in
+    decode)."""
+    return f"{per_layer}/layer" if per_layer else f"1/{'token' if stage == 'decode' else 'pass'}"
+
+
 def describe_dispatches(per_layer: dict[str, int]) -> str:
-    """Dispatches per layer of each stage, as a person reads them: a stage whose whole pass is one dispatch has 0 per
-    layer (``dispatches_per_layer``), which reads as a stage with no NPU work; it is said as one per pass (a decode
-    pass is one token)."""
-    parts = []
-    for stage in STAGES:
-        n = per_layer[stage]
-        parts.append(f"{n}/layer {stage}" if n else f"1/{'token' if stage == 'decode' else 'pass'} {stage}")
-    return "dispatches " + ", ".join(parts)
+    """Every stage's ``dispatch_rate``: "dispatches 1/layer prefill, 1/token decode"."""
+    return "dispatches " + ", ".join(f"{dispatch_rate(per_layer[s], s)} {s}" for s in STAGES)
 
 
 def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
