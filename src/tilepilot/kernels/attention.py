@@ -769,10 +769,10 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             col = c0 + c  # the unit's first column (kv_cols > 1: sc is 1 and the unit's stages snake from here)
             q_ins, o_out = [f"q_{col + j}" for j in range(kc)], f"o_{col + kc - 1}"
             states = [f"st_{col}_{s}" for s in range(nst - 1)]
+            # both MM2S channels of a column carry K/V: its q rides the column's first feed, ahead of it. feeds are in
+            # stage order, ch per column in either branch (one stage per channel: a column's rows == ch)
+            assert ch == 1 or len(feeds) == ch * kc
             for j, q_in in enumerate(q_ins):
-                # both MM2S channels of a column carry K/V: its q rides the column's first feed, ahead of it. feeds
-                # are in stage order, ch per column in either branch (one stage per channel: a column's rows == ch)
-                assert ch == 1 or len(feeds) == ch * kc
                 rides = feeds[j * ch] if ch == 2 else None
                 fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col + j, SHIM_ROW), rides_with=rides)]
             fifos += [ObjectFifo(f, (n, d + 2), "fp32", 1) for f in states]
@@ -781,7 +781,7 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             for s in range(nst):
                 st_in = states[s - 1] if s else None
                 out = states[s] if s < nst - 1 else o_out
-                j, r = divmod(s, rows)  # column of the snake, and the stage's place in it (down, then up, ...)
+                j, r = divmod(s, rows)  # column of the snake, and the stage's place in it (along the rows, then back)
                 tile = Tile(col + j, FIRST_COMPUTE_ROW + (r if j % 2 == 0 else rows - 1 - r))
                 q_in = q_ins[j]
                 n_blocks = sum(max(0, min(segment, own - s * segment)) for own in owns[c])
