@@ -33,3 +33,15 @@ def test_overflowing_the_context_is_an_input_error():
     c.advance(4)
     with pytest.raises(InputError, match="context is 4"):
         c.write(0, torch.zeros(1, 2), torch.zeros(1, 2))
+
+
+def test_growth_keeps_rows_written_before_they_are_committed():
+    c = KVCache(n_layers=2, kv_dim=2, max_positions=4, initial_capacity=4)
+    c.write(0, torch.zeros(3, 2), torch.zeros(3, 2))
+    c.advance(3)
+    row = torch.full((1, 2), 5.0)
+    c.write(0, row, -row)  # layer 0's new row, not yet committed
+    c.packed(1, 8)  # layer 1's kernel pads its keys past the capacity: the cache grows mid-pass
+    assert c.capacity >= 8
+    assert torch.equal(c.keys(0, n_new=1)[3], row[0].to(torch.bfloat16))
+    assert torch.equal(c.values(0, n_new=1)[3], -row[0].to(torch.bfloat16))

@@ -184,3 +184,25 @@ def test_functional_run_and_time_plan_model_the_same_npu_and_sync_time(weights_o
     modeled = time_plan(plan, w.spec, prompt_len=len(PROMPT), cpu="estimated")
     dry = sum(g.dispatch_s + g.sync_s for g in modeled.stage_groups("prefill"))
     assert dry == pytest.approx(real, rel=1e-9)
+
+
+def test_cache_growth_inside_a_pass_keeps_the_uncommitted_rows(weights_of):
+    """A decode attention whose key step (tile_k x kv_stages = 512 rows) exceeds the cache's first capacity grows
+    the cache at layer 0's attention, after layer 0 wrote this pass's K/V row and before ``advance`` commits it;
+    the grown cache must still hold that row (it lost it once: Qwen2.5-0.5B's resident decode failed its gate)."""
+    w = weights_of("llama")
+    plan = builtin_plan("air-q4", w.spec)  # its decode attention runs on the NPU
+    for g in plan.stage("decode").groups():
+        for c in g.calls:
+            if c.op == "attention" and g.where == "npu":
+                c.config = {
+                    "cols": 2, "heads_per_col": 1, "tile_q": 1, "tile_k": 64, "kv_stages": 8, "group_rows": True,
+                    "kv_cols": 2,
+                }  # fmt: skip
+    fresh, grown = NpuRunner(plan, w), NpuRunner(plan, w)
+    assert fresh.cache.capacity < 512
+    grown.cache.packed(0, 512)  # room for the padded key step from the start: no growth inside any pass
+    for r in (fresh, grown):
+        r.prefill(PROMPT)
+    for tok in (11, 42, 7):
+        assert torch.equal(fresh.decode(tok).logits, grown.decode(tok).logits)

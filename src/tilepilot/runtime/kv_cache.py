@@ -56,7 +56,10 @@ class KVCache:
         for i in range(self.n_layers):
             rows = torch.zeros(cap, 2 * self.kv_dim, dtype=self.dtype, device=self.device)
             if self._rows:
-                rows[: self.length] = self._rows[i][: self.length]
+                # Every stored row moves, not only the committed ones: a pass writes its new rows layer by layer
+                # before ``advance`` commits them, and a later layer's kernel may grow the cache (a key block
+                # padded past the capacity) while earlier layers' new rows are still uncommitted.
+                rows[: self._capacity] = self._rows[i]
             new.append(rows)
         self._rows, self._capacity = new, cap
 
