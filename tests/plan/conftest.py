@@ -31,6 +31,25 @@ LLAMA_1B = {
 }
 
 
+# SmolLM2-135M's published config (the trained model's shape; its GGUF is not needed for a plan).
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
 def tiny_config(arch: str) -> dict:
     cfg = {
         "architectures": [arch],
@@ -63,3 +82,8 @@ def tiny_spec(request) -> ModelSpec:
 @pytest.fixture
 def llama_1b() -> ModelSpec:
     return spec_from_config(LLAMA_1B, name="llama-3.2-1b")
+
+
+@pytest.fixture
+def smollm2_135m() -> ModelSpec:
+    return spec_from_config(SMOLLM2_135M, name="smollm2-135m")

@@ -13,10 +13,13 @@ from tilepilot.plan.merge import merged_stage
 from tilepilot.plan.plan import with_weights
 from tilepilot.runtime.timing import time_plan
 
+Q4_0_PACKED_HEAD = WeightFormat("q4_0", bf16_tensors=("embed",))
 
-def _one_dispatch_q4(spec):
-    """Llama-3.2-1B's decode at q4_0 with a packed head as the decode skills leave it before ``resident-decode``."""
-    plan = with_weights(paper_like_plan(spec), WeightFormat("q4_0", bf16_tensors=("embed",)), packed_prefill=False)
+
+def _one_dispatch_q4(spec, fmt=Q4_0_PACKED_HEAD):
+    """A decode at 4 bits (Llama-3.2-1B's: q4_0 with a packed head) as the decode skills leave it before
+    ``resident-decode``."""
+    plan = with_weights(paper_like_plan(spec), fmt, packed_prefill=False)
     plan.host = replace(plan.host, handoff="device")
     plan = fused_stage(plan)
     plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
@@ -38,7 +41,8 @@ def test_the_projections_keep_every_column_when_one_pass_attention_starts_on_hal
     assert any(n.startswith("attention: start on half the columns") for n in notes)
     whole = [(c["cols"], c["rows"], c["x_rides"]) for c in _configs(found, "qgemv")]
     assert whole and all(w == (8, 4, True) for w in whole)
-    without, _ = resident.fit_resident(plan, llama_1b, starts=resident.STARTS[:3], allowed=keeps_kv_heads_whole)
+    kw = {"starts": resident.STARTS[:3], "allowed": keeps_kv_heads_whole}
+    without, _ = resident.fit_resident(plan, llama_1b, kicks=0, **kw)
     assert not all((c["cols"], c["rows"], c["x_rides"]) == (8, 4, True) for c in _configs(without, "qgemv"))
     fast = time_plan(found, llama_1b, 2048).decode_s_per_token
     slow = time_plan(without, llama_1b, 2048).decode_s_per_token
@@ -80,4 +84,28 @@ def test_flash_decoding_attention_leaves_rows_and_columns_to_the_projections(lla
     one_pass, _ = resident.fit_resident(plan, llama_1b, allowed=keeps_kv_heads_whole)
     fast = time_plan(found, llama_1b, 2048).decode_s_per_token
     slow = time_plan(one_pass, llama_1b, 2048).decode_s_per_token
+    assert fast < 0.9 * slow
+
+
+def test_a_launch_held_at_a_faster_config_finds_room_the_one_at_a_time_repair_cannot(smollm2_135m):
+    """SmolLM2-135M at q4_1 with a bf16 LM head: from the plan's own configs the repair makes room by degrading the
+    head (it runs once per token, the layer launches 30 times, so that is always the cheapest single change) to a
+    compute-bound 8-core GEMV. The kick step holds the head at the fastest config of each smaller footprint and
+    repairs the layer launches around it: the head keeps two weight channels on half the rows, and the pass is
+    >10 % faster (same model, same run)."""
+    spec = smollm2_135m
+    plan = _one_dispatch_q4(spec, WeightFormat("q4_1", bf16_tensors=("embed", "lm_head")))
+    start = (resident.STARTS[0],)
+    plain, _ = resident.fit_resident(plan, spec, starts=start, kicks=0)
+    kicked, notes = resident.fit_resident(plan, spec, starts=start)
+    assert notes[0].startswith(f"search from {resident.STARTS[0]}, then lm_head held at a faster config:")
+
+    def head(p):
+        return next(c.config for g in p.decode.groups() for c in g.calls if c.op == "lm_head")
+
+    assert head(plain).get("weight_channels", 1) == 1
+    assert head(kicked)["weight_channels"] == 2 and head(kicked)["rows"] < 4
+    assert kicked.decode.resident
+    fast = time_plan(kicked, spec, 2048).decode_s_per_token  # packs the pass again: a broken budget would raise
+    slow = time_plan(plain, spec, 2048).decode_s_per_token
     assert fast < 0.9 * slow

@@ -221,6 +221,7 @@ def fit_resident(
     allowed: Callable[[str, dict[str, Any]], bool] | None = None,
     starts: tuple[str, ...] | None = None,
     improve: bool = True,
+    kicks: int | None = None,
 ) -> tuple[DeploymentPlan, list[str]]:
     """A copy of ``plan`` whose one-dispatch decode is resident, with the configs changed that had to be (one note
     per change); DesignError with the packing's violations when no such configs are found. ``context``: the KV
@@ -229,7 +230,9 @@ def fit_resident(
     ``allowed(op, config)``: False refuses a replacement (a caller's check the plan layer cannot make, e.g. the
     group bindings of ``harness.probes.group_checks``). ``starts``: which of ``STARTS`` to search from (all).
     ``improve``: once a start's repair packs, try faster configs that still pack (``_improve``); off for a plan that
-    stands for someone else's design, whose configs are repaired only as far as they must be."""
+    stands for someone else's design, whose configs are repaired only as far as they must be. ``kicks``: how many
+    configs of the launch with most to gain the kick step holds (``_kicks``; ``MAX_KICKS``, 0 = none; only with
+    ``improve``)."""
     spec = spec or plan.model_spec()
     device = device or npu2()
     if not plan.decode.one_dispatch:
@@ -267,8 +270,116 @@ def fit_resident(
                       + notes))  # fmt: skip
     if not found:
         raise failed[0]
+    kicks = MAX_KICKS if kicks is None else kicks
+    if improve and kicks > 0:
+        beat = min(f[0] for f in found)
+        for _, n, got, said in list(found):
+            found += _kicks(got, said, spec, context, built, device, rules, max_steps, len(STARTS) * (n + 1), kicks,
+                            beat)  # fmt: skip
     _, _, new, notes = min(found, key=lambda f: (f[0], f[1]))
     return new, notes
+
+
+# The kick step: launches tried at a faster config held while the rest is repaired (most time to gain first), and
+# placement fields whose values make a candidate's footprint (the kick tries the fastest config of each footprint).
+MAX_KICKS = 2
+# A launch is kicked only when its fastest config would save at least this share of the pass's launch time: below
+# it, the repairs it costs (seconds each) cannot pay for themselves.
+KICK_MIN_SHARE = 0.01
+FOOTPRINT_TRIES = 4
+FOOTPRINT_FIELDS = ("cols", "rows", "tiles", "heads_per_col", "kv_stages", "kv_cols", "weight_channels", "kv_channels")
+
+
+def _kicks(
+    plan: DeploymentPlan,
+    notes: list[str],
+    spec: ModelSpec,
+    context: int,
+    built: _Designs,
+    device: Device,
+    rules: _Rules,
+    max_steps: int,
+    first: int,
+    limit: int,
+    beat: float,
+) -> list[tuple[float, int, DeploymentPlan, list[str]]]:
+    """From the best packing found, the launch with the most modeled time per token to gain is put at the fastest
+    config of each footprint that beats its own (``_footprints``, the ``limit`` fastest of them) and held there while
+    the others are repaired around it and improved. Repair and improvement change one launch at a time where it sits,
+    so a launch whose fast config needs room several others must give is never reached by them: an LM head runs once
+    per token beside layer launches that run once per layer, so degrading the head is always the cheapest single
+    repair. A config is held only if the time it gains would bring the pass below ``beat`` (the best pass found
+    yet), so a kick is tried only where it could win. Each result's first note names its start, the launch held and
+    its modeled launch time per token."""
+    slots = _slots(plan, spec, context)
+    gains = []
+    for i, s in enumerate(slots):
+        now, best = built.of(s), _fastest(s, built, device, rules)
+        if now is not None and best is not None and best[0] < now.seconds:
+            gains.append(((now.seconds - best[0]) * s.per_token, i))
+    total = sum(b.seconds * s.per_token for s in slots if (b := built.of(s)) is not None)
+    if not gains or max(g for g, _ in gains) < KICK_MIN_SHARE * total:
+        return []
+    _, i = min(gains, key=lambda g: (-g[0], g[1]))
+    now = built.of(slots[i])
+    assert now is not None
+    # the gain a held config brings must take the pass below ``beat``: its time per launch must be under this
+    below = min(now.seconds, now.seconds - (total - beat) / slots[i].per_token)
+    out = []
+    for k, (seconds, cfg) in enumerate(_footprints(slots[i], built, device, rules, below)[:limit]):
+        new = copy.deepcopy(plan)
+        kicked = _slots(new, spec, context)
+        op = kicked[i].call.op
+        kicked[i].call.config = dict(cfg)
+        held = _Rules(rules.keep, _holding(op, cfg, rules.allowed))
+        gain = (now.seconds - seconds) * kicked[i].per_token
+        said = [f"then {op}: held at {cfg} ({gain * 1e6:.2f} us/token to gain, modeled)"]
+        try:
+            said += _greedy(plan.name, kicked, built, device, held, max_steps)
+        except DesignError:
+            continue
+        said += _improve(kicked, built, device, held)
+        total = sum(b.seconds * s.per_token for s in kicked if (b := built.of(s)) is not None)
+        head = f"{notes[0].split(': ')[0]}, then {op} held at a faster config"
+        out.append((total, first + k, new, [f"{head}: {total * 1e3:.3f} ms/token of launches (modeled)", *notes[1:],
+                                            *said]))  # fmt: skip
+    return out
+
+
+def _footprints(
+    s: _Slot, built: _Designs, device: Device, rules: _Rules, below: float
+) -> list[tuple[float, dict[str, Any]]]:
+    """The slot's fastest legal config of each footprint (``FOOTPRINT_FIELDS``) faster than ``below`` seconds,
+    fastest first, from the family's first ``FOOTPRINT_TRIES`` candidates of each footprint (the search's own list
+    keeps the family's first ``MAX_CANDIDATES``, which for a large launch may all share one footprint: the whole
+    array; building every candidate of a full-size LM head would take longer than the whole search)."""
+    best: dict[tuple, tuple[float, int, dict[str, Any]]] = {}
+    tried: dict[tuple, int] = {}
+    for j, cfg in enumerate(family(s.call.family).candidate_configs(s.shape(s.call.config), device)):
+        cd = asdict(cfg)
+        key = tuple(cd.get(f) for f in FOOTPRINT_FIELDS)
+        if tried.get(key, 0) >= FOOTPRINT_TRIES or rules.refuses(s, cd):
+            continue
+        tried[key] = tried.get(key, 0) + 1
+        got = built.get(s.call.family, s.shape(cd), cd)
+        if got is None or got.seconds >= below:
+            continue
+        if key not in best or got.seconds < best[key][0]:
+            best[key] = (got.seconds, j, cd)
+    return [(sec, cd) for sec, _, cd in sorted(best.values(), key=lambda b: (b[0], b[1]))]
+
+
+def _holding(
+    op: str, config: dict[str, Any], allowed: Callable[[str, dict[str, Any]], bool] | None
+) -> Callable[[str, dict[str, Any]], bool]:
+    """An ``allowed`` rule that keeps ``op`` at ``config`` and otherwise asks ``allowed``."""
+
+    def rule(o: str, c: dict[str, Any]) -> bool:
+        if o == op and c != config:
+            return False
+        return allowed is None or allowed(o, c)
+
+    return rule
 
 
 # Where the search starts: the plan's own configs; each launch's fastest legal candidate on its own (what a
