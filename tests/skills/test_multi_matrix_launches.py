@@ -1,4 +1,5 @@
-"""Multi-matrix launches (Q/K/V, gate/up as one quantized GEMV launch each) and every weight format on every family:
+"""Multi-matrix launches (Q/K/V, gate/up as one quantized GEMV launch each, RoPE of Q and K as one launch) and every
+weight format on every family:
 the quantized decode of each (format, family) matches the FP32 oracle of the dequantized weights within the phase-3
 gate, and merging its launches changes no bit while removing a design switch per merged op; the
 ``multi-matrix-launches`` skill is kept by the decode phase only when faster and correct."""
@@ -43,11 +44,11 @@ def test_every_format_on_every_family_decodes_like_its_oracle_and_merging_change
     merged = merged_stage(fused)
     assert merged is not None and validate_plan(merged) == []
     runs = [m for g in merged.decode.block for m in g.merged]
-    assert ["gate_proj", "up_proj"] in runs and ["q_proj", "k_proj", "v_proj"] in runs
+    assert ["gate_proj", "up_proj"] in runs and ["q_proj", "k_proj", "v_proj"] in runs and ["rope_q", "rope_k"] in runs
     lib = KernelLibrary()
     separate, launches_separate = _decode_logits(fused, ck, lib)
     together, launches_merged = _decode_logits(merged, ck, lib)
-    assert launches_separate - launches_merged == 3 * ck.spec.n_layers  # q/k/v: 3 -> 1, gate/up: 2 -> 1
+    assert launches_separate - launches_merged == 4 * ck.spec.n_layers  # q/k/v: 3 -> 1, gate/up, rope q/k: 2 -> 1
     oracle = Oracle(deployment_weights(ck, fused.weight_format()))
     ref = [oracle.prefill(IDS).logits[-1]]
     for step in separate[:-1]:
@@ -67,7 +68,7 @@ def test_bf16_gemvs_merge_too_bit_for_bit(tiny_model):
     lib = KernelLibrary()
     separate, launches_separate = _decode_logits(fused, ck, lib)
     together, launches_merged = _decode_logits(merged, ck, lib)
-    assert launches_separate - launches_merged == 3 * ck.spec.n_layers
+    assert launches_separate - launches_merged == 4 * ck.spec.n_layers
     assert all(torch.equal(a, b) for a, b in zip(separate, together, strict=True))
 
 
@@ -82,6 +83,24 @@ def test_nothing_merges_twice_and_bad_merges_are_refused(tiny_model):
     qkv.merged.append(["q_proj", "o_proj"])
     problems = " | ".join(validate_plan(bad))
     assert "repeats ops" in problems and "different inputs" in problems and "outside this NPU group" in problems
+
+
+def test_rope_merges_only_when_every_input_is_computed_before_its_launch(tiny_model):
+    """The merged RoPE launch runs at the first RoPE op's place: with K projected after Q's RoPE, K's RoPE stays a
+    launch of its own, and a plan that merges them anyway is refused with the reason."""
+    ck = load_checkpoint(tiny_model("llama", layers=1))
+    late = fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0")))
+    g = next(g for g in late.decode.block if any(c.op == "rope_q" for c in g.calls))
+    calls = {c.op: c for c in g.calls}
+    order = [o for o in g.ops if o not in ("k_proj", "rope_k")]
+    order[order.index("rope_q") + 1 : order.index("rope_q") + 1] = ["k_proj", "rope_k"]
+    g.calls = [calls[o] for o in order]
+    assert validate_plan(late) == []
+    merged = merged_stage(late)
+    assert merged is not None
+    assert not any("rope_q" in m for g in merged.decode.block for m in g.merged)
+    g.merged.append(["rope_q", "rope_k"])
+    assert any("computed at or after rope_q" in p for p in validate_plan(late))
 
 
 def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
@@ -103,7 +122,8 @@ def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
     merged = {
         (g.name, m[0]): c.config for g in ctx.plan.decode.block for m in g.merged for c in g.calls if c.op == m[0]
     }
-    assert merged and all(cfg.get("tile_m") and cfg.get("tile_k") for cfg in merged.values())
+    gemvs = {k: cfg for k, cfg in merged.items() if k[1] != "rope_q"}
+    assert gemvs and all(cfg.get("tile_m") and cfg.get("tile_k") for cfg in gemvs.values())
     TileTuning().run(ctx)
     after = {(g.name, m[0]): c.config for g in ctx.plan.decode.block for m in g.merged for c in g.calls if c.op == m[0]}
     assert after == merged

@@ -161,9 +161,48 @@ class MergedLinear:
             parts=parts,
         )  # fmt: skip
 
-    def run(self, design: Any, x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-        out = design.fast({"x": x, **{f"w{j}": w for j, w in enumerate(weights)}})
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        """Each member's output from the members' inputs (one for a multi-matrix GEMV), their weights and the
+        call's other arguments (RoPE's table and start)."""
+        out = design.fast({"x": inputs[0], **{f"w{j}": w for j, w in enumerate(weights)}})
         return [out[f"y{j}"] for j in range(len(weights))]
+
+
+@dataclass(frozen=True)
+class MergedRope:
+    """One RoPE launch serving several RoPE ops of a group (Q's and K's): their heads side by side in one launch
+    over the one position table. Each element is rotated on its own (``kernels/rope.py``), so the outputs are
+    bit-identical to the separate launches; what changes is one launch and one table stream instead of several."""
+
+    members: tuple[OpNode, ...]
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        if family != "rope":
+            raise ConfigError(f"ops {[n.op for n in self.members]} cannot share a {family} launch; only RoPE merges")
+        heads = sum(n.width // spec.head_dim for n in self.members)
+        return family_module("rope").Shape(rows=rows, heads=heads, head_dim=spec.head_dim)
+
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        y = _rope_run(design, {**args, "_in": [torch.cat(inputs, dim=1)]}, spec)
+        return list(torch.split(y, [int(x.shape[1]) for x in inputs], dim=1))
+
+
+MergedLaunch = MergedLinear | MergedRope
+
+
+def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
+    """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
+    ops."""
+    kinds = {n.kind for n in members}
+    if kinds == {"linear"}:
+        return MergedLinear(members)
+    if kinds == {"rope"}:
+        return MergedRope(members)
+    raise ConfigError(f"ops {[n.op for n in members]} ({sorted(kinds)}) cannot share one launch")
 
 
 # ---- residual add ---------------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""Multi-matrix launches: the linear ops of a group that read the same input (Q/K/V, gate/up) as one launch each.
+"""Multi-matrix launches: the linear ops of a group that read the same input (Q/K/V, gate/up) as one launch each,
+and the group's RoPE ops (Q's and K's) as one launch over all their heads.
 
 A fused decode step is bounded by its launches: each launch inside the one dispatch costs a design switch and the
 configuration of its tiles (``npu.timing.time_group``), and per token Llama-3.2-1B runs 15 launches per layer. Q, K
 and V read the same normed activations, as gate and up do, so one GEMV launch can stream all of their packed (or
 bf16) weights past one x broadcast and drain each matrix's rows to its own output (``Shape.parts`` of
-``kernels/gemv.py`` and ``kernels/qgemv.py``, one dataflow), bit-identical to the separate launches.
+``kernels/gemv.py`` and ``kernels/qgemv.py``, one dataflow), bit-identical to the separate launches. RoPE rotates
+each element on its own with the position's table, so Q's and K's heads side by side in one launch
+(``kernels.bind.MergedRope``) are bit-identical to two launches too, at one launch and one table stream.
 ``merged_stage`` marks those runs (``KernelGroup.merged``) and gives each run's first op a config the merged shape
 tiles (the first op's own if it does, else the family default, for qgemv first keeping its columns, weight channels
 and compute rows). The ``multi-matrix-launches`` decode skill proposes it and keeps it only when faster and
@@ -18,30 +21,41 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from tilepilot.kernels.bind import MergedLinear, make_config
+from tilepilot.kernels.bind import make_config, merged_launch
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import MERGEABLE_FAMILIES, DeploymentPlan, KernelGroup
+from tilepilot.plan.plan import MERGED_KIND, DeploymentPlan, KernelGroup, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
 Tuner = Callable[[str, Any], dict[str, Any]]
 
 
 def merge_runs(spec: ModelSpec, group: KernelGroup) -> list[list[str]]:
-    """The runs of ``group``'s NPU linear ops that one launch could serve: same mergeable family and weight format,
-    same input value, two or more ops (in the group's order)."""
+    """The runs of ``group``'s NPU ops that one launch could serve, two or more ops each (in the group's order):
+    linear ops of one mergeable family and weight format reading the same input; RoPE ops of one config whose
+    inputs are all computed before the first of them (``plan.merge_problems`` says the same of a plan)."""
     if group.where != "npu":
         return []
     graph = block_graph(spec)
     runs: dict[tuple, list[str]] = {}
     for c in group.calls:
         node = graph.node(c.op)
-        if node.kind == "linear" and c.family in MERGEABLE_FAMILIES:
-            key = (tuple(node.inputs), c.family, c.config.get("fmt"), c.config.get("block"))
-            runs.setdefault(key, []).append(c.op)
-    return [ops for ops in runs.values() if len(ops) >= 2]
+        if MERGED_KIND.get(c.family) != node.kind:
+            continue
+        if node.kind == "linear":
+            key: tuple = (tuple(node.inputs), c.family, c.config.get("fmt"), c.config.get("block"))
+        else:
+            key = (c.family, tuple(sorted(c.config.items())))
+        runs.setdefault(key, []).append(c.op)
+    out = []
+    for ops in runs.values():
+        while len(ops) >= 2 and merge_problems(KernelGroup(group.name, group.calls, merged=[ops]), graph, "plan"):
+            ops = ops[:-1]  # a RoPE op whose input is computed after the first one's place stays on its own
+        if len(ops) >= 2:
+            out.append(ops)
+    return out
 
 
 def _legal(fam: str, shape: Any, config: dict[str, Any]) -> bool:
@@ -60,7 +74,7 @@ def merged_config(
     format fields kept), else as the module docstring says."""
     graph = block_graph(spec)
     first = next(c for c in group.calls if c.op == run[0])
-    shape = MergedLinear(tuple(graph.node(o) for o in run)).shape(first.family, spec, rows, first.config)
+    shape = merged_launch(tuple(graph.node(o) for o in run)).shape(first.family, spec, rows, first.config)
     if tuner is not None:
         return tuner(first.family, shape)
     if _legal(first.family, shape, first.config):

@@ -63,8 +63,11 @@ class KernelCall:
 
 
 # families whose launch may serve several ops of a group (``KernelGroup.merged``): one multi-matrix GEMV over
-# matrices that read the same input (kernels/gemv.py and qgemv.py ``Shape.parts``)
-MERGEABLE_FAMILIES = ("gemv", "qgemv")
+# matrices that read the same input (kernels/gemv.py and qgemv.py ``Shape.parts``), one RoPE launch over Q's and K's
+# heads (``kernels.bind.MergedRope``)
+MERGEABLE_FAMILIES = ("gemv", "qgemv", "rope")
+# the op kind each mergeable family serves
+MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope"}
 
 
 @dataclass
@@ -72,8 +75,9 @@ class KernelGroup:
     """One dispatch (a multi-launch group) on the NPU, or one host step on the CPU.
 
     ``merged``: runs of the group's ops that one launch serves (e.g. ``["q_proj", "k_proj", "v_proj"]``): linear ops
-    of one mergeable family reading the same input, run as one multi-matrix launch at the first op's place with the
-    first op's config (one x stream, one design switch instead of several)."""
+    of one mergeable family reading the same input, run as one multi-matrix launch, or RoPE ops (Q's and K's), run
+    as one launch over all their heads; at the first op's place with the first op's config (one design switch
+    instead of several)."""
 
     name: str
     calls: list[KernelCall]
@@ -353,7 +357,9 @@ def describe_dispatches(per_layer: dict[str, int]) -> str:
 
 def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
     """Why the group's ``merged`` runs cannot be one launch each (empty = they can): two or more of the group's NPU
-    linear ops, each in one run, of one mergeable family and config format, all reading the same input."""
+    ops, each in one run, of one mergeable family and its op kind (``MERGED_KIND``): linear ops of one config format
+    all reading the same input, or RoPE ops of one config whose inputs are all computed before the run's first op
+    (the launch runs there)."""
     problems: list[str] = []
     calls = {c.op: c for c in g.calls}
     seen: set[str] = set()
@@ -370,12 +376,20 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
         seen |= set(m)
         nodes = [graph.node(o) for o in m]
         fams = {calls[o].family for o in m}
-        if any(n.kind != "linear" for n in nodes) or len(fams) != 1 or not fams <= set(MERGEABLE_FAMILIES):
-            problems.append(f"{what} must be linear ops of one family among {MERGEABLE_FAMILIES}, got {sorted(fams)}")
-        elif len({(calls[o].config.get("fmt"), calls[o].config.get("block")) for o in m}) != 1:
-            problems.append(f"{what} mixes weight formats; one launch decodes one format")
-        if len({tuple(n.inputs) for n in nodes}) != 1:
-            problems.append(f"{what} reads different inputs; a multi-matrix launch streams one x")
+        fam = next(iter(fams)) if len(fams) == 1 else None
+        if fam not in MERGED_KIND or any(n.kind != MERGED_KIND[fam] for n in nodes):
+            kinds = ", ".join(f"{k} ops of {f}" for f, k in MERGED_KIND.items())
+            problems.append(f"{what} must be ops of one family ({kinds}), got {sorted(fams)}")
+        elif MERGED_KIND[fam] == "linear":
+            if len({(calls[o].config.get("fmt"), calls[o].config.get("block")) for o in m}) != 1:
+                problems.append(f"{what} mixes weight formats; one launch decodes one format")
+            if len({tuple(n.inputs) for n in nodes}) != 1:
+                problems.append(f"{what} reads different inputs; a multi-matrix launch streams one x")
+        else:
+            order = [c.op for c in g.calls]
+            later = {graph.node(o).output for o in order[order.index(m[0]) :]}
+            if any(v in later for n in nodes for v in n.inputs):
+                problems.append(f"{what} reads a value computed at or after {m[0]}; the merged launch runs there")
     return problems
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tilepilot.errors import ConfigError, TilepilotError
-from tilepilot.kernels.bind import MergedLinear, binding, config_key, config_of_key, make_config
+from tilepilot.kernels.bind import MergedLaunch, binding, config_key, config_of_key, make_config, merged_launch
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
@@ -76,7 +76,7 @@ def _slots(plan: DeploymentPlan, spec: ModelSpec, context: int) -> list[_Slot]:
                 if node.kind == "kv_write" or call.op in served:
                     continue
                 if call.op in merged:
-                    shape = _merged_shape(MergedLinear(tuple(graph.node(o) for o in merged[call.op])), call, spec)
+                    shape = _merged_shape(merged_launch(tuple(graph.node(o) for o in merged[call.op])), call, spec)
                 else:
                     ctx = st.kv_readback(context) if node.kind == "attention" else context
                     shape = _op_shape(node, call, spec, ctx)
@@ -102,7 +102,7 @@ class _Built:
         return self._on_device[move]
 
 
-def _merged_shape(ml: MergedLinear, call: KernelCall, spec: ModelSpec) -> Callable[[dict[str, Any]], Any]:
+def _merged_shape(ml: MergedLaunch, call: KernelCall, spec: ModelSpec) -> Callable[[dict[str, Any]], Any]:
     return lambda cfg: ml.shape(call.family, spec, 1, cfg)
 
 

@@ -21,7 +21,15 @@ from typing import Any
 
 import torch
 
-from tilepilot.kernels.bind import MergedLinear, binding, config_key, family_module, make_config
+from tilepilot.kernels.bind import (
+    MergedLinear,
+    MergedRope,
+    binding,
+    config_key,
+    family_module,
+    make_config,
+    merged_launch,
+)
 from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
@@ -244,8 +252,8 @@ class PreparedGroup:
     attention, every context), so the dispatcher does it once per shape instead of once per call."""
 
     group: KernelGroup  # held so that the id in the cache key stays this group's
-    # (node, OpBinding / MergedLinear (one launch for a KernelGroup.merged run; the run's other ops have no entry) or
-    # None for kv_write, design or None)
+    # (node, OpBinding / MergedLinear / MergedRope (one launch for a KernelGroup.merged run; the run's other ops have
+    # no entry) or None for kv_write, design or None)
     calls: tuple[tuple[OpNode, Any, Any], ...]
     keys: tuple[Any, ...]  # the timed launch keys, in order
     timing: GroupTiming | None  # None when the pass is one dispatch (timed at end_pass) or holds no launch
@@ -358,7 +366,7 @@ class Dispatcher:
         nodes = [self.graph.node(c.op) for c in g.calls]
         calls: list[tuple[OpNode, Any, Any]] = []
         keys: list[Any] = []
-        merged = {m[0]: MergedLinear(tuple(self.graph.node(o) for o in m)) for m in g.merged}
+        merged = {m[0]: merged_launch(tuple(self.graph.node(o) for o in m)) for m in g.merged}
         served = {o for m in g.merged for o in m[1:]}  # computed by their run's first op's launch
         for call, node in zip(g.calls, nodes, strict=True):
             if node.kind == "kv_write":
@@ -403,13 +411,18 @@ class Dispatcher:
                 kv.side[layer] = "npu"
                 internal[KV_STATE] = k
                 continue
-            if isinstance(bound, MergedLinear):
-                x = value(node.inputs[0])
-                ws = [self.pool.weight_view(weights[n.weights[0]]) for n in bound.members]
+            if isinstance(bound, MergedLinear | MergedRope):
+                ins = [value(v) for v in dict.fromkeys(n.inputs[0] for n in bound.members)]  # one x for a GEMV
+                ws = [self.pool.weight_view(weights[n.weights[0]]) for n in bound.members if n.weights]
+                extra: dict[str, Any] = {}
+                if isinstance(bound, MergedRope):
+                    if "cs" not in seen_inputs:
+                        seen_inputs["cs"] = self.pool.device_view(tables)
+                    extra = {"cs": seen_inputs["cs"], "start": p.start}
                 if p.dry:
                     outs = [torch.empty(p.rows, n.width, dtype=BF16, device=META) for n in bound.members]
                 else:
-                    outs = bound.run(design, x, ws)
+                    outs = bound.run(design, ins, ws, extra, self.spec)
                 for n, o in zip(bound.members, outs, strict=True):
                     internal[n.output] = o
                     produced.append(n.output)

@@ -18,8 +18,8 @@ skips the masked ones); AIR then built a template per window so the readback mat
   rows apart), so each token streams only the KV blocks of the smallest window holding its context.
 
 - ``multi-matrix-launches``: the linear ops of a group that read the same input (Q/K/V, gate/up) as one
-  multi-matrix GEMV launch each, bf16 or quantized (``plan.merge.merged_stage``): one design switch and one x stream
-  instead of several, bit-identical outputs.
+  multi-matrix GEMV launch each, bf16 or quantized, and Q's and K's RoPE as one launch (``plan.merge.merged_stage``):
+  one design switch (and one x or table stream) instead of several, bit-identical outputs.
 
 - ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
   module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
@@ -109,7 +109,8 @@ class MultiMatrixLaunches(PlanOptimization):
     description = (
         "Runs the projections of a group that read the same input (Q/K/V, gate/up) as one multi-matrix GEMV launch "
         "each (bf16 or packed weights): one x stream past all of their weights, each matrix's rows drained to its "
-        "own output. Use when a decode group launches several GEMVs over one activation."
+        "own output; and the RoPE of Q and K as one launch over all their heads. Use when a decode group launches "
+        "several GEMVs over one activation or RoPE once per projection."
     )
     purpose = (
         "Removes a design switch and the tile configuration of every launch it merges (inside a one-dispatch decode "
