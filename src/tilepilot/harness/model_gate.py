@@ -24,6 +24,7 @@ from tilepilot.gates.metrics import first_divergence
 from tilepilot.harness.probes import rope_probe
 from tilepilot.harness.prompts import GATE_TEXTS, KL_TEXTS, kl_text_ids, prompt_ids
 from tilepilot.kernels import lm_head
+from tilepilot.kernels.bind import make_config
 
 SECOND_CALL_COSINE = "second_call.logits_cosine"
 SRC_SECOND_CALL = (
@@ -127,9 +128,8 @@ def lm_head_ranges(plan, spec) -> list[tuple[int, int]]:
     for g in plan.prefill.head:
         for c in g.calls:
             if c.op == "lm_head" and g.where == "npu" and c.family == "lm_head":
-                fields = {k: v for k, v in c.config.items() if k in lm_head.Config.__dataclass_fields__}
                 shape = lm_head.Shape(spec.vocab, spec.hidden, 1)
-                cfg = lm_head.Config(**fields) if fields else lm_head.default_config(shape)
+                cfg = make_config(lm_head, shape, c.config)  # a partial config completes as the runner's does
                 return [tuple(r) for r in lm_head.partitions(shape, cfg)]
     return [(0, spec.vocab)]
 
