@@ -15,6 +15,7 @@ from tilepilot.npu.validate import DesignError
 from tilepilot.plan import air_q4
 from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.merge import merged_stage, split_stage
 from tilepilot.plan.plan import DeploymentPlan, validate_plan
 from tilepilot.plan.resident import fit_resident
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -127,3 +128,23 @@ def test_a_replacement_the_caller_refuses_is_never_made(tiny_model):
     before = [c.config for g in fused.decode.groups() for c in g.calls]
     assert [c.config for g in fitted.decode.groups() for c in g.calls] == before
     assert not [n for n in changes if not n.startswith("search from")]
+
+
+def test_a_pass_with_a_merged_rope_is_also_fitted_with_it_split(fresh_ctx):
+    """A merged RoPE launch holds all of Q's and K's heads on one tile, which can pack worse: the skill proposes the
+    pass as it is and then with the RoPE launches split (``plan.merge.split_stage``), the second kept only when faster
+    than the first (the keep-or-revert rule compares it with the plan of the moment)."""
+    ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    merged = merged_stage(_fused(ctx.plan.model_spec()))
+    assert merged is not None and any(m[0] == "rope_q" for g in merged.decode.block for m in g.merged)
+    split = split_stage(merged)
+    assert split is not None and not any(m[0] == "rope_q" for g in split.decode.block for m in g.merged)
+    assert any(m[0] == "q_proj" for g in split.decode.block for m in g.merged)  # only RoPE is split
+    assert split_stage(split) is None
+    ctx.save_plan(merged)
+    ctx.opt_stage = "decode"
+    props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
+    assert len(props) == 2 and "RoPE as separate launches" in props[1].change
+    assert any(m[0] == "rope_q" for g in props[0].plan.decode.block for m in g.merged)
+    assert not any(m[0] == "rope_q" for g in props[1].plan.decode.block for m in g.merged)
+    assert all(p.plan.decode.resident for p in props)

@@ -115,3 +115,20 @@ def merged_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | Non
             taken |= set(run)
             changed = True
     return new if changed else None
+
+
+def split_stage(
+    plan: DeploymentPlan, stage: str = "decode", kinds: tuple[str, ...] = ("rope",)
+) -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs its merged runs of these op kinds as separate launches again (None when
+    it has none). A merged launch is a packing choice as well as a launch saved: Q's and K's RoPE in one launch hold
+    all their heads on one tile (Llama-3.2-3B: 34 KB of L1 where the separate launches hold 26 and 10 KB on tiles of
+    their own), which can leave a resident pass worse configs elsewhere; ``resident-decode`` fits both."""
+    graph = block_graph(plan.model_spec())
+    new = copy.deepcopy(plan)
+    changed = False
+    for g in new.stage(stage).groups():
+        keep = [m for m in g.merged if graph.node(m[0]).kind not in kinds]
+        changed |= len(keep) != len(g.merged)
+        g.merged = keep
+    return new if changed else None

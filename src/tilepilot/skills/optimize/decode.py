@@ -41,7 +41,7 @@ from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
-from tilepilot.plan.merge import merged_stage
+from tilepilot.plan.merge import merged_stage, split_stage
 from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
@@ -168,14 +168,18 @@ class ResidentDecode(PlanOptimization):
         if not st.one_dispatch:  # a pass the switches made slower than per-group dispatches may pay off resident
             base = fused_stage(ctx.plan, stage)
             base.stage(stage).kv_windows = window_ladder(max(base.stage(stage).kv_windows))
-        try:
-            new, changes = _fit_with_bindings(base, stage, ctx.settings.gate_prompt_len)
-        except DesignError as e:
-            ctx.workspace.journal.progress(f"resident-decode: the decode pass cannot be packed into the array ({e})")
-            return
-        said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
         fused = "" if st.one_dispatch else " (from per-group dispatches, windowed KV readback)"
-        yield Proposal(new, f"{stage}: one resident dispatch, every launch packed into the array{fused}{said}")
+        # the pass as it is, then with its merged RoPE launches split (``plan.merge.split_stage``): each is kept only
+        # when faster than the plan of the moment, so the second wins only where it packs better than the first
+        split = split_stage(base, stage)
+        for alt, how in ((base, ""), *(((split, " with Q's and K's RoPE as separate launches"),) if split else ())):
+            try:
+                new, changes = _fit_with_bindings(alt, stage, ctx.settings.gate_prompt_len)
+            except DesignError as e:
+                ctx.workspace.journal.progress(f"resident-decode: the decode pass{how} cannot be packed ({e})")
+                continue
+            said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
+            yield Proposal(new, f"{stage}: one resident dispatch{how}, every launch packed into the array{fused}{said}")
 
 
 # Refits when a fitted config breaks a group's launch bindings (``harness.probes.group_checks``, which the plan layer's
