@@ -221,9 +221,10 @@ def render(data: dict[str, Any]) -> str:
         "",
         "Plans: **tilepilot-FMT** = the paper's prefill grouping, decode attention and LM head on the NPU, the decode "
         "step in one dispatch with a windowed KV readback, decode projections tile-tuned (same search for every "
-        "format), Q/K/V and gate/up as one multi-matrix GEMV launch each (`multi-matrix-launches`, bf16 and "
-        "quantized alike), then made **resident** (`resident-decode`: every launch packed into the array and "
-        "configured once, no design switch between launches, configs refitted where they do not fit together), "
+        "format), Q/K/V and gate/up as one multi-matrix GEMV launch each and Q's and K's RoPE as one launch "
+        "(`multi-matrix-launches`, bf16 and quantized alike), then made **resident** (`resident-decode`: every "
+        "launch packed into the array and configured once, no design switch between launches, configs refitted "
+        "where they do not fit together; fitted also with the RoPE launches split, the faster kept), "
         "quantized prefill as packed `qgemm` or bf16 GEMMs over dequantized weights, whichever is faster. "
         "`switched` = the same structure before `resident-decode` (a design switch per launch), same run. "
         "**air-q4** = the built-in plan of AIR's Q4NX deployment (q4_1, 2 weight channels, 4 compute rows). "
