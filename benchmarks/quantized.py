@@ -136,19 +136,18 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     once, no design switch; the configs that do not fit together replaced by ``plan.resident.fit_resident``), or
     the switched one when no packing is found."""
     fits = []
-    for alt in (plan, split_stage(plan)):  # as resident-decode does: also with the merged RoPE launches split
-        if alt is None:
-            continue
+    split = split_stage(plan)  # as resident-decode does: also with the merged RoPE launches split
+    for alt in (plan, split) if split else (plan,):
         try:
-            resident, _ = fit_resident(alt, spec)
+            fits.append(fit_resident(alt, spec)[0])
         except DesignError as e:
             print(f"{spec.name} {label}: no resident packing ({e})", file=sys.stderr)
-            continue
-        fits.append((time_plan(resident, spec, prompt_len=PACK_CONTEXT).decode_s_per_token, len(fits), resident))
     if not fits:
         print(f"{spec.name} {label}: the switched pass is timed", file=sys.stderr)
         return plan
-    resident = min(fits, key=lambda f: (f[0], f[1]))[2]
+    if len(fits) > 1:  # the faster at the packing context; ties to the pass as it is
+        fits.sort(key=lambda f: time_plan(f, spec, prompt_len=PACK_CONTEXT).decode_s_per_token)
+    resident = fits[0]
     resident.name = plan.name
     return resident
 

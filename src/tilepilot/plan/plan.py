@@ -62,11 +62,9 @@ class KernelCall:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-# families whose launch may serve several ops of a group (``KernelGroup.merged``): one multi-matrix GEMV over
-# matrices that read the same input (kernels/gemv.py and qgemv.py ``Shape.parts``), one RoPE launch over Q's and K's
-# heads (``kernels.bind.MergedRope``)
-MERGEABLE_FAMILIES = ("gemv", "qgemv", "rope")
-# the op kind each mergeable family serves
+# families whose launch may serve several ops of a group (``KernelGroup.merged``), with the op kind each serves: one
+# multi-matrix GEMV over matrices that read the same input (kernels/gemv.py and qgemv.py ``Shape.parts``), one RoPE
+# launch over Q's and K's heads (``kernels.bind.MergedRope``)
 MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope"}
 
 

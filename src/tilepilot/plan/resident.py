@@ -261,11 +261,7 @@ def fit_resident(
         repaired.add(state)
         if improve:
             notes += _improve(slots, built, device, rules)
-        seconds = 0.0
-        for s in slots:
-            got = built.of(s)
-            assert got is not None
-            seconds += got.seconds * s.per_token
+        seconds = _launch_seconds(slots, built)
         found.append((seconds, n, new, [f"search from {start}: {seconds * 1e3:.3f} ms/token of launches (modeled)"]
                       + notes))  # fmt: skip
     if not found:
@@ -303,21 +299,21 @@ def _kicks(
     limit: int,
     beat: float,
 ) -> list[tuple[float, int, DeploymentPlan, list[str]]]:
-    """From the best packing found, the launch with the most modeled time per token to gain is put at the fastest
-    config of each footprint that beats its own (``_footprints``, the ``limit`` fastest of them) and held there while
-    the others are repaired around it and improved. Repair and improvement change one launch at a time where it sits,
-    so a launch whose fast config needs room several others must give is never reached by them: an LM head runs once
-    per token beside layer launches that run once per layer, so degrading the head is always the cheapest single
-    repair. A config is held only if the time it gains would bring the pass below ``beat`` (the best pass found
-    yet), so a kick is tried only where it could win. Each result's first note names its start, the launch held and
-    its modeled launch time per token."""
+    """From a start's packing (``plan``, ``notes``), the launch with the most modeled time per token to gain is put at
+    the fastest config of each footprint that beats its own (``_footprints``, the ``limit`` fastest of them) and held
+    there while the others are repaired around it and improved. Repair and improvement change one launch at a time
+    where it sits, so a launch whose fast config needs room several others must give is never reached by them: an LM
+    head runs once per token beside layer launches that run once per layer, so degrading the head is always the
+    cheapest single repair. A config is held only if the time it gains would bring the pass below ``beat`` (the best
+    pass found yet), so a kick is tried only where it could win. Each result's first note names its start, the launch
+    held and its modeled launch time per token."""
     slots = _slots(plan, spec, context)
     gains = []
     for i, s in enumerate(slots):
         now, best = built.of(s), _fastest(s, built, device, rules)
         if now is not None and best is not None and best[0] < now.seconds:
             gains.append(((now.seconds - best[0]) * s.per_token, i))
-    total = sum(b.seconds * s.per_token for s in slots if (b := built.of(s)) is not None)
+    total = _launch_seconds(slots, built)
     if not gains or max(g for g, _ in gains) < KICK_MIN_SHARE * total:
         return []
     _, i = min(gains, key=lambda g: (-g[0], g[1]))
@@ -326,23 +322,23 @@ def _kicks(
     # the gain a held config brings must take the pass below ``beat``: its time per launch must be under this
     below = min(now.seconds, now.seconds - (total - beat) / slots[i].per_token)
     out = []
-    for k, (seconds, cfg) in enumerate(_footprints(slots[i], built, device, rules, below)[:limit]):
+    for k, (held_s, cfg) in enumerate(_footprints(slots[i], built, device, rules, below)[:limit]):
         new = copy.deepcopy(plan)
         kicked = _slots(new, spec, context)
         op = kicked[i].call.op
         kicked[i].call.config = dict(cfg)
         held = _Rules(rules.keep, _holding(op, cfg, rules.allowed))
-        gain = (now.seconds - seconds) * kicked[i].per_token
+        gain = (now.seconds - held_s) * kicked[i].per_token
         said = [f"then {op}: held at {cfg} ({gain * 1e6:.2f} us/token to gain, modeled)"]
         try:
             said += _greedy(plan.name, kicked, built, device, held, max_steps)
         except DesignError:
             continue
         said += _improve(kicked, built, device, held)
-        total = sum(b.seconds * s.per_token for s in kicked if (b := built.of(s)) is not None)
+        seconds = _launch_seconds(kicked, built)
         head = f"{notes[0].split(': ')[0]}, then {op} held at a faster config"
-        out.append((total, first + k, new, [f"{head}: {total * 1e3:.3f} ms/token of launches (modeled)", *notes[1:],
-                                            *said]))  # fmt: skip
+        out.append((seconds, first + k, new, [f"{head}: {seconds * 1e3:.3f} ms/token of launches (modeled)",
+                                              *notes[1:], *said]))  # fmt: skip
     return out
 
 
@@ -367,6 +363,16 @@ def _footprints(
         if key not in best or got.seconds < best[key][0]:
             best[key] = (got.seconds, j, cd)
     return [(sec, cd) for sec, _, cd in sorted(best.values(), key=lambda b: (b[0], b[1]))]
+
+
+def _launch_seconds(slots: list[_Slot], built: _Designs) -> float:
+    """The modeled launch time per token of the slots at their current configs (each legal: a repair reached it)."""
+    total = 0.0
+    for s in slots:
+        got = built.of(s)
+        assert got is not None
+        total += got.seconds * s.per_token
+    return total
 
 
 def _holding(
