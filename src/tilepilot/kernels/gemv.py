@@ -183,14 +183,27 @@ def x_must_ride(cols: int, channels: int, device: Device) -> bool:
 
 
 def check_feed(
-    channels: int, x_rides: bool, cols: int, rows: int, tile_m: int, device: Device, err: Callable[[str], DesignError]
+    channels: int,
+    x_rides: bool,
+    cols: int,
+    rows: int,
+    tile_m: int,
+    device: Device,
+    err: Callable[[str], DesignError],
+    tile_m0: int = 0,
 ) -> None:
     """The weight-feed rules every matrix-vector family shares (``Tiling``): 1 or 2 shim MM2S channels per column;
     a resident x rides a weight channel of a dual-channel feed; otherwise two channels need a free column's shim
-    for x; each channel carries whole rows, and the compute rows share the channels evenly."""
+    for x, except in an uneven split (``tile_m0``), whose x takes column 0's second channel and whose other
+    columns feed both; each channel carries whole rows, and the compute rows share the channels evenly."""
     if channels not in (1, 2):
         raise err(f"weight_channels must be 1 or 2, got {channels}")
-    if x_rides:
+    if tile_m0:
+        if x_rides:
+            raise err("an uneven split keeps x on column 0's second channel; it cannot also ride a weight channel")
+        if channels != 2 or cols < 2 or tile_m0 % 2 or tile_m % 2:
+            raise err("an uneven split feeds columns 1.. on both channels (weight_channels 2, cols >= 2, even tiles)")
+    elif x_rides:
         if channels != 2 or (rows * tile_m) % 2:
             raise err("a resident x rides a weight channel of a dual-channel feed (weight_channels 2, even tile_m)")
     elif channels == 2 and (cols >= device.columns or (rows * tile_m) % 2):

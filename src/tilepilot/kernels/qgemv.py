@@ -130,15 +130,8 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"config is for {config.fmt}/{config.block} but the weights are {shape.fmt}/{shape.block}")
     if min(shape.n, shape.k, shape.m) < 1 or shape.m > MAX_TOKENS:
         raise _err(f"shape {shape} is not a GEMV (1..{MAX_TOKENS} tokens, non-empty)")
-    if config.tile_m0 and config.x_rides:
-        raise _err("an uneven split keeps x on column 0's second channel; it cannot also ride a weight channel")
-    if config.tile_m0:
-        if config.weight_channels != 2 or config.cols < 2 or config.tile_m0 % 2 or config.tile_m % 2:
-            raise _err("an uneven split feeds columns 1.. on both channels (weight_channels 2, cols >= 2, even tiles)")
-        if config.rows > 1 and config.rows % 2:
-            raise _err(f"{config.rows} compute rows do not share 2 weight channels evenly")
-    else:
-        check_feed(config.weight_channels, config.x_rides, config.cols, config.rows, config.tile_m, device, _err)
+    c = config
+    check_feed(c.weight_channels, c.x_rides, c.cols, c.rows, c.tile_m, device, _err, c.tile_m0)
     if not 1 <= config.rows <= min(4, device.compute_rows):
         raise _err(f"{config.rows} compute rows per column do not fit {device.name}; use 1..4")
     if not 1 <= config.cols <= device.columns or config.depth < 1 or config.tile_m < 1:
