@@ -168,7 +168,7 @@ class Calibration:
     host_alloc_s: float = 50e-6
     # For plans timed analytically (nothing run): a CPU fallback's time is estimated from the bytes it streams.
     # When a CPU op really runs, its measured time is used instead (HostCost.cpu_fallback_s). FITTED by
-    # calibrate_against.fit_all (end-to-end stage) to AIR's decode attention on the CPU, ~0.3 ms per layer, while
+    # calibrate/crossval.fit_all (end-to-end stage) to AIR's decode attention on the CPU, ~0.3 ms per layer, while
     # that decode was taken to run at 2048 positions (4.2 MB of KV, ~14 GB/s). It ran at the paper's short prompt
     # (PAPER_DECODE_CONTEXT, ~100 KB of KV), where those 0.3 ms are a per-head loop (host_cpu_head_s): since
     # 2026-12-03 no published figure isolates this rate, so the end-to-end stage no longer frees it
