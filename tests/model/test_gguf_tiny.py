@@ -326,6 +326,32 @@ def test_truncated_in_header_is_refused(tmp_path, capsys):
     assert_refused(capsys, ["import", str(cut), "--out", str(tmp_path / "out")], tmp_path / "out", "truncated")
 
 
+@pytest.mark.parametrize("keep", [5, 100, 1024])
+def test_a_file_cut_in_its_header_or_metadata_is_named_truncated_without_library_text(tmp_path, keep):
+    src = tmp_path / "m.gguf"
+    write_tiny_gguf(src, "llama")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src.read_bytes()[:keep])
+    with pytest.raises(CheckpointError) as e:
+        import_gguf(cut, tmp_path / "x")
+    msg = str(e.value)
+    assert "truncated" in msg and "re-download" in msg
+    assert "dtype" not in msg and "index" not in msg and "axis" not in msg  # numpy's words, not ours
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_unknown_gguf_version_is_named(tmp_path, capsys):
+    src = tmp_path / "m.gguf"
+    write_tiny_gguf(src, "llama")
+    data = bytearray(src.read_bytes())
+    data[4:8] = (99).to_bytes(4, "little")
+    bad = tmp_path / "v99.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="is GGUF version 99, which this reader does not read"):
+        import_gguf(bad, tmp_path / "x")
+    assert_refused(capsys, ["import", str(bad), "--out", str(tmp_path / "out")], tmp_path / "out", "version 99")
+
+
 def test_unsupported_architecture_is_refused(tmp_path, capsys):
     src = tmp_path / "m.gguf"
     write_tiny_gguf(src, "llama", declared_arch="gemma2")

