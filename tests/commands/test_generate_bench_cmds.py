@@ -136,3 +136,25 @@ def test_bench_splits_a_one_dispatch_decode_by_launch_kind(model_dir, capsys):
         assert k["ddr_s"] == pytest.approx(k["ddr_bytes"] / CALIBRATION.ddr_bytes_per_s)
     assert main(["bench", str(model_dir), "--plan", "iron-like", "--prompt-len", "64", "--decode-tokens", "1"]) == 0
     assert "by launch kind" not in capsys.readouterr().out
+
+
+def test_generate_warns_when_the_deployment_has_not_passed_its_gates(model_dir, tmp_path, capsys):
+    """A workspace holds a runnable plan from its first phase on; until every phase's gate has passed, running it
+    says so (the output is not validated), and the evaluator's FAIL is named."""
+    from tilepilot.skills.journal import Journal
+    from tilepilot.skills.registry import phases
+
+    ws = make_workspace(model_dir, "paper-like", tmp_path / "ws").path
+    args = ["generate", str(ws), "--prompt", "Hello", "--max-new-tokens", "2"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "phase 0 build-cpu-oracle has not run to its gate" in err and "--resume" in err
+    journal = Journal(ws)
+    for skill in phases():
+        journal.write_gate(skill.name, {"passed": True, "verdict": "PASS"})
+    journal.write_gate("independent-evaluator", {"passed": False, "verdict": "FAIL"})
+    assert main(args) == 0
+    assert "phase 7 independent-evaluator ended FAIL" in capsys.readouterr().err
+    journal.write_gate("independent-evaluator", {"passed": True, "verdict": "PASS"})
+    assert main(args) == 0
+    assert "warning" not in capsys.readouterr().err

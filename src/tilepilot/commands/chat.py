@@ -14,6 +14,7 @@ from tilepilot.runtime.sampling import SamplingParams
 from tilepilot.serve.engine import Engine
 from tilepilot.serve.launch import GRACEFUL_SHUTDOWN_S
 from tilepilot.serve.repl import ChatRepl
+from tilepilot.skills.status import warn_if_unvalidated
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,6 +38,7 @@ def run(args) -> int:
         raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     engine = Engine.from_workspace(args.workspace)
+    warn_if_unvalidated(args.workspace)
     try:
         ChatRepl(engine, sampling=sampling, max_new_tokens=args.max_new_tokens, system=args.system).run()
     finally:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from tilepilot.errors import WorkspaceError
 from tilepilot.skills.evaluator import ReadAudit, evaluate
+from tilepilot.skills.phases.evaluate import IndependentEvaluator
+from tilepilot.skills.status import unfinished_reason
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,6 +36,14 @@ def run(args) -> int:
     audit = ReadAudit(args.workspace).install()
     ev = evaluate(args.workspace, seed=args.seed, read_audit=audit)
     audit.active = False
+    # after measuring, so the journal's gates are read only once the measurement is done (the audit's rule)
+    unfinished = unfinished_reason(args.workspace, before=IndependentEvaluator.phase)
+    if unfinished:
+        print(
+            f"tilepilot: note: {args.workspace}: {unfinished}; this evaluation judges it as it stands, so finish it "
+            f"first with `tilepilot deploy MODEL --out {args.workspace} --resume`",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(ev.to_dict(), indent=2, default=str))
     else:

@@ -17,6 +17,7 @@ from tilepilot.npu.trace import Trace, library_layouts
 from tilepilot.runtime.generate import generate_text
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.sampling import SamplingParams
+from tilepilot.skills.status import warn_if_unvalidated
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -63,6 +64,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     trace = Trace()
     runner = NpuRunner.open(args.workspace, trace=trace)
+    warn_if_unvalidated(args.workspace)
     tokenizer = runner.tokenizer  # EOS ids from generation_config.json, template from the model
     tokenizer.system_prompt = args.system
 

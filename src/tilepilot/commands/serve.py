@@ -13,6 +13,7 @@ from pathlib import Path
 from tilepilot.errors import InputError
 from tilepilot.serve.engine import Engine
 from tilepilot.serve.launch import serve
+from tilepilot.skills.status import warn_if_unvalidated
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -36,5 +37,6 @@ def run(args) -> int:
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be >= 1, got {args.max_queue}")
     engine = Engine.from_workspace(args.workspace, max_queue=args.max_queue)
+    warn_if_unvalidated(args.workspace)
     serve(engine, host=args.host, port=args.port, log_level=args.log_level)
     return 0
