@@ -449,6 +449,18 @@ def test_cli_inspect_accepts_a_gguf(tmp_path, capsys):
     assert report["tokenizer"]["ok"] and report["tokenizer"]["chat_template"]
 
 
+def test_inspect_shows_what_the_gguf_stores_not_only_its_bf16_import(tmp_path, capsys):
+    src = tmp_path / "m.gguf"
+    write_tiny_gguf(src, "llama", Q.Q4_1)
+    assert main(["inspect", str(src), "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)["gguf_source"]
+    assert source["file"] == "m.gguf" and source["size"] == src.stat().st_size
+    assert source["quant_types"]["Q4_1"] >= 7 and source["stored_block_format"] == "q4_1"
+    assert main(["inspect", str(src)]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert "stored in the GGUF" in table and "Q4_1" in table and "deploys its q4_1 blocks as stored" in table
+
+
 def test_resolver_reuses_an_import_of_the_same_file_and_refuses_another(tmp_path):
     src = tmp_path / "m.gguf"
     write_tiny_gguf(src, "llama")

@@ -14,8 +14,10 @@ from tilepilot.commands.import_gguf import progress_bar
 from tilepilot.errors import TokenizerError
 from tilepilot.model.checkpoint import check_headers
 from tilepilot.model.gguf import is_gguf_input, resolve_model_path
+from tilepilot.model.gguf.importer import SOURCE_FILE
 from tilepilot.model.spec import load_spec
 from tilepilot.model.tokenizer import Tokenizer
+from tilepilot.skills.weights import stored_format
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -49,7 +51,44 @@ def _run_gguf(args) -> int:
         bar, report = progress_bar(Console(stderr=True), f"importing {src.name}")
         with bar:
             model_dir = resolve_model_path(src, Path(tmp) / src.stem, progress=report)
-        return run(argparse.Namespace(**{**vars(args), "model_dir": str(model_dir)}))
+        return run(argparse.Namespace(**{**vars(args), "model_dir": str(model_dir), "gguf_input": True}))
+
+
+def _gguf_source(model_dir: str) -> dict | None:
+    """The GGUF a directory was imported from, as its import recorded it (file, size, stored tensor types), or None:
+    a GGUF's own blocks are what a deployment streams by default, so the user must see them, not only the bf16 copy
+    the import wrote beside them."""
+    path = Path(model_dir) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _stored_row(source: dict, stored: str | None, gguf_input: bool) -> str:
+    types = source.get("quant_types") or {}
+    counts = ", ".join(f"{n} {t}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
+    size = source.get("size")
+    where = f"{source.get('file', '?')}" + (f", {size / 1e6:.1f} MB" if isinstance(size, int) else "")
+    if not stored:
+        default = ""
+    elif gguf_input:  # deploy takes a GGUF's own format by default (commands/deploy.py)
+        default = f"; deploys its {stored} blocks as stored unless --weights says otherwise"
+    else:  # an imported directory deploys bf16 unless told
+        default = f"; --weights {stored} deploys these blocks as stored (this directory deploys bf16 by default)"
+    return f"{where}: {counts or 'tensor types not recorded'} tensors{default}"
+
+
+def _scope_row(tokenizer: dict) -> str:
+    if tokenizer["ok"]:
+        return "in scope: tilepilot can deploy this model"
+    return (
+        "in scope: tilepilot can deploy this model, but without a usable tokenizer its gates run on token ids and "
+        "generate, chat and serve cannot run it (add the model's tokenizer.json)"
+    )
 
 
 def run(args) -> int:
@@ -59,8 +98,12 @@ def run(args) -> int:
     spec = load_spec(args.model_dir)  # raises ScopeError / ConfigError with one sentence
     report = check_headers(args.model_dir, spec)  # reads headers only, never the tensor data
     tokenizer = _tokenizer_summary(args.model_dir)
+    source = _gguf_source(args.model_dir)
+    stored = stored_format(Path(args.model_dir), spec) if source else None
     if args.json:
         out = {"spec": spec.to_dict(), "in_scope": True, "weights": report.to_dict(), "tokenizer": tokenizer}
+        if source is not None:
+            out["gguf_source"] = source | {"stored_block_format": stored}
         print(json.dumps(out, indent=2))
         return 0
     from rich.console import Console
@@ -84,15 +127,16 @@ def run(args) -> int:
         "max positions": spec.max_positions,
         "bos / eos": f"{spec.bos_id} / {list(spec.eos_ids)}",
         "parameters": f"{spec.n_params / 1e9:.3f} B ({spec.weight_bytes() / 2**30:.2f} GiB in bf16)",
-        "weights": f"{report.n_tensors} tensors in {len(report.files)} file(s), "
-        f"{report.total_bytes / 2**30:.2f} GiB, {report.dtypes}",
+        **({"stored in the GGUF": _stored_row(source, stored, getattr(args, "gguf_input", False))} if source else {}),
+        ("weights (the import's bf16 copy)" if source else "weights"): f"{report.n_tensors} tensors in "
+        f"{len(report.files)} file(s), {report.total_bytes / 2**30:.2f} GiB, {report.dtypes}",
         "tokenizer": (
             f"{tokenizer['vocab']} tokens, bos {tokenizer['bos_id']}, eos {tokenizer['eos_ids']}, "
             f"chat template {'yes' if tokenizer['chat_template'] else 'no'}"
             if tokenizer["ok"]
             else f"unusable: {tokenizer['problem']}"
         ),
-        "scope": "in scope: tilepilot can deploy this model",
+        "scope": _scope_row(tokenizer),
     }
     for k, v in rows.items():
         table.add_row(k, str(v))
