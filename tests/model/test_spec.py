@@ -85,3 +85,11 @@ def test_missing_field_is_config_error():
 def test_qwen_sliding_window_disabled_is_in_scope():
     cfg = dict(LLAMA, architectures=["Qwen2ForCausalLM"], sliding_window=32768, use_sliding_window=False)
     assert spec_from_config(cfg).family == "qwen2"
+
+
+def test_an_architecture_and_a_model_type_that_disagree_are_refused():
+    """transformers builds the config class from model_type, tilepilot the family from the architecture: a config
+    naming two different models is refused rather than deployed as one of them."""
+    with pytest.raises(ConfigError, match="architecture LlamaForCausalLM but model_type 'gpt2'"):
+        spec_from_config(dict(LLAMA, model_type="gpt2"))
+    assert spec_from_config(dict(LLAMA, model_type="llama")).family == "llama"

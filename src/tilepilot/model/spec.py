@@ -187,6 +187,12 @@ def _check_scope(cfg: dict[str, Any]) -> str:
             f"architecture {arch} is not supported; tilepilot deploys {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
         )
     family = SUPPORTED_ARCHITECTURES[arch]
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type != family:  # transformers builds the config class from model_type
+        raise ConfigError(
+            f"config.json says architecture {arch} but model_type {model_type!r} (a {arch} has model_type "
+            f"{family!r}); fix whichever of the two is wrong"
+        )
     if _sliding_window_in_use(cfg, family):
         raise ScopeError(
             f"{arch} uses sliding-window attention (sliding_window={cfg.get('sliding_window')}), "
