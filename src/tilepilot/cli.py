@@ -1,7 +1,8 @@
 """The ``tilepilot`` command: a thin dispatcher over one module per sub-command in ``commands/``.
 
-Each command module exposes ``add_parser(subparsers)`` and ``run(args) -> int``; this file only wires
-them and turns user-facing errors into one sentence and a non-zero exit code.
+Each command module exposes ``add_parser(subparsers)`` and ``run(args) -> int`` (and, if Ctrl-C can be continued
+from, ``INTERRUPTED``: how); this file only wires them and turns user-facing errors into one sentence and a
+non-zero exit code.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if argv is None or name == chosen:
             mod = _load(name)
             p = mod.add_parser(sub)
-            p.set_defaults(_run=mod.run)
+            p.set_defaults(_run=mod.run, _interrupted=getattr(mod, "INTERRUPTED", None))
         else:
             sub.add_parser(name, help=SUMMARY[name])
     return parser
@@ -83,8 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tilepilot: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("tilepilot: interrupted", file=sys.stderr)
+        print(interrupted_message(args), file=sys.stderr)
         return 130
+
+
+def interrupted_message(args: argparse.Namespace) -> str:
+    """What Ctrl-C prints: a command that can continue where it stopped says how (its module's ``INTERRUPTED``)."""
+    hint = getattr(args, "_interrupted", None)
+    return f"tilepilot: interrupted; {hint}" if hint else "tilepilot: interrupted"
 
 
 if __name__ == "__main__":

@@ -17,11 +17,18 @@ import torch
 from tiny import write_tiny
 
 from tilepilot.cli import main
-from tilepilot.commands.deploy import weight_format
-from tilepilot.errors import WorkspaceError
+from tilepilot.commands.deploy import weight_args, weight_format
+from tilepilot.errors import InputError, WorkspaceError
 from tilepilot.harness.quant_quality import quantization_quality
 from tilepilot.model.checkpoint import load_checkpoint
-from tilepilot.model.quant import QuantizedWeights, WeightFormat, deployment_weights
+from tilepilot.model.quant import (
+    DEFAULT_BF16_TENSORS,
+    LINEAR_FIELDS,
+    QuantizedWeights,
+    WeightFormat,
+    deployment_weights,
+)
+from tilepilot.model.spec import load_spec
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.builtin import default_plan
@@ -30,7 +37,7 @@ from tilepilot.runtime.runner import NpuRunner
 from tilepilot.skills import journal as J
 from tilepilot.skills.context import DeployContext, Settings
 from tilepilot.skills.evaluator import evaluate
-from tilepilot.skills.weights import AS_STORED, ROUND_TO_NEAREST, WEIGHTS_KEY
+from tilepilot.skills.weights import AS_STORED, ROUND_TO_NEAREST, UNPACKED, WEIGHTS_KEY, check_format, weights_record
 
 PASS = ("PASS", "PASS-with-warnings")
 # One format per family so each format and each family is deployed end to end once (four full deployments of
@@ -119,11 +126,52 @@ def test_bad_weight_values_are_one_sentence_and_nothing_is_written(tiny_model, t
         (["--weights", "q4_0", "--block", "7"], "is not an even number"),
         (["--weights", "q4_0", "--block", "x"], "is not a number"),
         (["--weights", "q8_0", "--keep-bf16", "w_foo"], "not a projection tilepilot packs"),
+        # block options with bf16 weights (the default of a model directory, or named): refused before any work, not
+        # after the whole deployment at phase 7 ("records bf16 weights but its plan deploys bf16 (block 32, ...)")
+        (["--block", "64"], "--block applies only to a block format"),
+        (["--weights", "bf16", "--block", "32"], "--block applies only to a block format"),
+        (["--keep-bf16", "wq"], "--keep-bf16 applies only to a block format"),
+        (["--weights", "bf16", "--block", "64", "--keep-bf16", "wq"], "--block and --keep-bf16 apply only to a block"),
+        # a block format that packs nothing is not a deployment in that format
+        (["--weights", "q4_0", "--keep-bf16", ",".join(LINEAR_FIELDS)], "nothing would be packed in q4_0"),
     ):
         assert main(["deploy", str(model), "--out", str(tmp_path / "ws"), *flags]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tilepilot: error:") and err.count("\n") == 1 and words in err, err
         assert not (tmp_path / "ws").exists()
+
+
+def test_block_options_apply_to_a_gguf_inputs_own_format(smollm2_dir):
+    """A GGUF input defaults to its stored block format, so --block and --keep-bf16 are not refused before import
+    (what the format is becomes known then); once it is known to be bf16 they are."""
+    model = smollm2_dir(layers=1)
+
+    def args(src, **kw):
+        return argparse.Namespace(model_dir=Path(src), weights=None, block="64", keep_bf16="wq", resume=False, **kw)
+
+    assert weight_args(args("model.gguf"))[1:] == (64, ("wq",))
+    assert weight_format(args(Path("model.gguf")), model) == WeightFormat("q4_1", 64, (*DEFAULT_BF16_TENSORS, "wq"))
+    with pytest.raises(InputError, match="only to a block format"):
+        weight_args(args(model))
+
+
+def test_a_bf16_format_with_block_options_or_a_format_packing_nothing_is_refused(tiny_model):
+    """What the CLI refuses is refused to any caller of DeployContext too (check_format), and the record never
+    labels an empty set of packed projections as the GGUF's blocks "as stored"."""
+    model = tiny_model("llama", layers=1)
+    spec = load_spec(model)
+    for fmt in (WeightFormat("bf16", 64), WeightFormat("bf16", bf16_tensors=(*DEFAULT_BF16_TENSORS, "wq"))):
+        with pytest.raises(InputError, match="only to a block format"):
+            check_format(fmt, spec)
+    check_format(WeightFormat("bf16"), spec)
+    nothing = WeightFormat("q4_0", bf16_tensors=(*DEFAULT_BF16_TENSORS, *LINEAR_FIELDS))
+    with pytest.raises(InputError, match="nothing would be packed"):
+        check_format(nothing, spec)
+    rec = weights_record(nothing, model, spec)
+    assert rec["packing"] == UNPACKED and rec["packed_tensors"] == 0
+    head_only = WeightFormat("q4_0", bf16_tensors=("embed", *LINEAR_FIELDS))  # the LM head alone is packed
+    check_format(head_only, spec)
+    assert weights_record(head_only, model, spec)["packing"] == ROUND_TO_NEAREST
 
 
 def test_resume_keeps_the_recorded_format(tiny_model, tmp_path):

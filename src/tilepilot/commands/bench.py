@@ -70,7 +70,9 @@ def _resolve(path: Path, plan_name: str | None):
         return builtin_plan(plan_name, ws.spec), ws.spec, ws.model_dir, {}
     if (path / "config.json").is_file():
         if plan_name == "deployed":
-            raise WorkspaceError(f"{path} is a model directory, not a workspace; pick --plan iron-like or paper-like")
+            raise WorkspaceError(
+                f"{path} is a model directory, not a workspace; pick a built-in --plan ({', '.join(BUILTIN_PLANS)})"
+            )
         spec = load_spec(path)
         return builtin_plan(plan_name or "paper-like", spec), spec, path, {}
     raise WorkspaceError(f"{path} is neither a workspace nor a model directory; pass one of them")
@@ -98,8 +100,11 @@ def bench(
     if prompt_len < 1 or decode_tokens < 0:
         raise InputError("--prompt-len must be >= 1 and --decode-tokens >= 0")
     plan, spec, model_dir, options = _resolve(Path(path), plan_name)
-    if prompt_len + 1 > spec.max_positions:
-        raise InputError(f"prompt has {prompt_len} tokens but the model's context is {spec.max_positions}; shorten it")
+    if prompt_len + 1 > spec.max_positions:  # the decode step timed after the prompt needs one more position
+        raise InputError(
+            f"--prompt-len {prompt_len} does not fit the model's context of {spec.max_positions} tokens (the decode "
+            f"step after it needs one more); pass --prompt-len {spec.max_positions - 1} or less"
+        )
 
     library = KernelLibrary()
     modeled = time_plan(plan, spec, prompt_len=prompt_len, cpu="measured", library=library)

