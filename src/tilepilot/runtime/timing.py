@@ -12,7 +12,8 @@ Conventions:
 - TTFT = the prefill pass of ``prompt_len`` tokens from an empty cache, all layers plus the head. The LM
   head at prefill computes only the last position's logits, as real deployments do.
 - decode latency = one steady-state decode step whose attention reads ``context_len`` cached positions
-  (default ``prompt_len``), timed as the second of two consecutive steps so one-time uploads are excluded.
+  (default ``prompt_len``, at least 2: a decode step after a prompt reads its token and its own), timed as the
+  second of two steps so one-time uploads are excluded.
 - one-time uploads of preloaded weights are reported as ``load_s`` and are not part of TTFT.
 Every figure is modeled; ``cpu_measured_s`` fields (None unless measured) are the only measured ones.
 """
@@ -186,7 +187,7 @@ def time_plan(
     """Modeled TTFT and decode latency of ``plan`` (see the module docstring for the conventions)."""
 
     spec = spec or plan.model_spec()
-    context_len = context_len or prompt_len
+    context_len = context_len or max(prompt_len, 2)
     if prompt_len < 1 or context_len < 2:
         raise ValueError(f"prompt_len must be >= 1 and context_len >= 2, got {prompt_len} and {context_len}")
     trace = Trace()
@@ -204,8 +205,7 @@ def time_plan(
     mark = len(trace.events)
     runner.prefill([0] * prompt_len, all_logits=False)
     prefill_events = trace.events[mark:]
-    runner.cache.seek(context_len - 2)
-    runner.decode(0)
+    _warm_up_decode(runner, context_len)
     mark = len(trace.events)
     runner.decode(0)
     decode_events = trace.events[mark:]
@@ -224,6 +224,17 @@ def time_plan(
         groups=_groups(plan, "prefill", prefill_events) + _groups(plan, "decode", decode_events),
         cpu_clock="modeled",
     )
+
+
+def _warm_up_decode(runner: NpuRunner, context_len: int) -> None:
+    """Run the untimed first decode step and leave the cache where the timed one reads ``context_len`` positions.
+
+    The warm-up steps from ``context_len - 2`` cached positions, so the timed step follows it at the next position.
+    At a context of 2 there is no such position (a decode step needs a cached token before it), so the warm-up
+    steps from 1 and the cache is set back to 1 for the timed step."""
+    runner.cache.seek(max(context_len - 2, 1))
+    runner.decode(0)
+    runner.cache.seek(context_len - 1)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
