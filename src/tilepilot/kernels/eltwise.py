@@ -19,17 +19,8 @@ import torch
 
 from tilepilot.kernels import rowwise as rw
 from tilepilot.npu import numerics as nx
-from tilepilot.npu.design import (
-    Design,
-    ObjectFifo,
-    Runtime,
-    TensorAccessPattern,
-    TensorSpec,
-    Tile,
-    TileKernel,
-    Worker,
-)
-from tilepilot.npu.device import FIRST_COMPUTE_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.design import Design, ObjectFifo, Runtime, TensorSpec, Tile, TileKernel, Worker
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, Device, npu2
 from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, legal_taps
 
 FAMILY = "eltwise"
@@ -104,7 +95,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         raise _err(f"n={shape.n} is not a multiple of tiles x chunk = {config.tiles * config.chunk}; set pad=True")
     per_tile = n // config.tiles
     kernel = _kernel(shape, config)
-    fifos, workers = [], []
+    fifos, workers, rt = [], [], Runtime()
     for i in range(config.tiles):
         a, b, c = f"a_{i}", f"b_{i}", f"c_{i}"
         fifos += [ObjectFifo(x, (config.chunk,), "bf16", config.depth) for x in (a, b, c)]
@@ -118,7 +109,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
                 placement=tile_of(i, device),
             )
         )
-    rt = _runtime(n, config, device)
+        for fifo, tensor, kind in ((a, "a", "fill"), (b, "b", "fill"), (c, "c", "drain")):
+            for tap in legal_taps((n,), i * per_tile, [per_tile], [1]):
+                (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap)
     design = Design(
         name=f"{shape.op}_{shape.n}",
         device=device,
@@ -132,31 +125,6 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, n, padded_shape={"n": n, "op": shape.op})
     return design
-
-
-def _runtime(n: int, config: Config, device: Device) -> Runtime:
-    """Each worker's slice filled from a and b and drained to c, in whole-object patterns, in as few task groups as
-    the shims' buffer descriptors allow.
-
-    A slice longer than one pattern holds (2046 x 1023 elements) is cut into several; the cuts fall on object
-    boundaries (``legal_taps``' ``whole``), since a task must move whole objects. Usually every task fits one
-    group; a slice of many patterns (a prime number of 64-element objects, say) would need more BDs than a shim
-    has, so ``Runtime.packed`` starts a new group there, cutting between matching a, b and c patterns: each group
-    drains what it fills, and no group waits on a later one. Inside a group the tasks keep the fifo-by-fifo order.
-    """
-    per_tile = n // config.tiles
-    units: dict[int, list[list[tuple[str, str, str, TensorAccessPattern]]]] = {}
-    shim_of: dict[str, Tile] = {}
-    for i in range(config.tiles):
-        col = tile_of(i, device).col  # the shim the placer gives a worker's streams: its own column's
-        moves = (("fill", f"a_{i}", "a"), ("fill", f"b_{i}", "b"), ("drain", f"c_{i}", "c"))
-        shim_of |= {fifo: Tile(col, SHIM_ROW) for _, fifo, _ in moves}
-        for tap in legal_taps((n,), i * per_tile, [per_tile], [1], whole=config.chunk):
-            units.setdefault(col, []).append([(kind, fifo, tensor, tap) for kind, fifo, tensor in moves])
-    rt = Runtime.packed(list(units.values()), device.shim.bds, shim_of)
-    rank = {fifo: r for r, fifo in enumerate(shim_of)}
-    rt.tasks.sort(key=lambda t: (t.group, rank[t.fifo]))  # stable: a fifo's patterns stay in order
-    return rt
 
 
 def _fast(shape: Shape):

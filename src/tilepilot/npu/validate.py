@@ -31,7 +31,6 @@ innermost transfer and offset must be whole 32-bit words; every element inside t
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -180,12 +179,7 @@ def _loop_problems(sizes: tuple[int, ...], strides: tuple[int, ...], dtype: str)
 
 
 def legal_taps(
-    tensor_shape: tuple[int, ...],
-    offset: int,
-    sizes: list[int],
-    strides: list[int],
-    dtype: str = "bf16",
-    whole: int = 1,
+    tensor_shape: tuple[int, ...], offset: int, sizes: list[int], strides: list[int], dtype: str = "bf16"
 ) -> list[TensorAccessPattern]:
     """Express an arbitrary loop nest over a DDR tensor as consecutive hardware-legal patterns (same element order).
 
@@ -193,19 +187,13 @@ def legal_taps(
     long outermost loop is cut into legal lengths; if the nest still does not fit, its outermost dimension
     is peeled into one pattern per index. Kernels use this so that they never hand the validator an
     illegal pattern they could have split.
-
-    ``whole``: the elements of one object of the fifo the patterns feed or drain. Each runtime task must move
-    whole objects (SHAPE_NOT_TILING), so a too long outer loop is cut at the longest legal length whose pieces
-    hold whole objects (a cut at the plain limit can end a piece inside an object), and a long run is folded into
-    rows that such a cut exists for. With ``whole=1``, or wherever the plain fold and cut already hold whole
-    objects, every pattern is the plain one: only nests that had no legal patterns for their fifo change.
     """
     dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
     if not dims:
         dims = [(1, 1)]
     # fold a long contiguous innermost run: size n, stride 1 -> (n / b, b) with b the largest legal divisor
     s0, st0 = dims[-1]
-    if st0 == 1 and (b := _inner_block(s0, dtype, whole)):
+    if st0 == 1 and (b := _inner_block(s0, dtype)):
         dims[-1:] = [(s0 // b, b), (b, 1)]
     tap = TensorAccessPattern(tensor_shape, offset, tuple(d[0] for d in dims), tuple(d[1] for d in dims))
     if not tap_problems(tap, dtype):
@@ -217,50 +205,29 @@ def legal_taps(
     limit = TAP_MAX_REPEAT if len(dims) == TAP_MAX_DIMS else TAP_MAX_SIZE
     out: list[TensorAccessPattern] = []
     if len(dims) <= TAP_MAX_DIMS and size > limit:  # too long an outer loop: cut it into legal lengths
-        step = _whole_cut(limit, math.prod(d[0] for d in rest), whole)
-        for start in range(0, size, step):
-            n = min(step, size - start)
+        for start in range(0, size, limit):
+            n = min(limit, size - start)
             out += legal_taps(
                 tensor_shape,
                 offset + start * stride,
                 [n] + [d[0] for d in rest],
                 [stride] + [d[1] for d in rest],
                 dtype,
-                whole,
             )
         return out
     for i in range(size):  # otherwise peel the outermost loop into one pattern per index
-        out += legal_taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype, whole)
+        out += legal_taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype)
     return out
 
 
-def _whole_cut(limit: int, inner: int, whole: int) -> int:
-    """The longest cut of an outer loop, at most ``limit`` indices of ``inner`` elements each, whose pieces hold
-    whole ``whole``-element objects; ``limit`` itself when it already does, or when no legal cut does (the
-    validator then names the piece that splits an object)."""
-    per_object = whole // math.gcd(whole, inner)  # outer indices that make up a whole number of objects
-    return (limit // per_object) * per_object or limit
-
-
 @functools.lru_cache(maxsize=1 << 12)
-def _inner_block(run: int, dtype: str, whole: int = 1) -> int:
+def _inner_block(run: int, dtype: str) -> int:
     """The largest legal innermost size dividing a contiguous ``run`` too long for one dimension (0: none needed or
-    none exists); cached because every chunk of a tiled tensor asks for the same few runs.
-
-    If the rows of that size are too many for one dimension and no cut of them holds whole ``whole``-element objects
-    (a row of 1028 elements and objects of 4096: only 1024 rows would), the largest size whose rows can be cut into
-    whole objects instead; such a run had no legal patterns with the largest size, so a legal design keeps it."""
+    none exists); cached because every chunk of a tiled tensor asks for the same few runs."""
     max_inner = int(TAP_MAX_SIZE * WORD_BYTES / _dtype_bytes(dtype))
     if run <= max_inner:
         return 0
-    sizes = [d for d in range(max_inner, 0, -1) if run % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0]
-    if not sizes:
-        return 0
-
-    def cuttable(b: int) -> bool:
-        return run // b <= TAP_MAX_SIZE or whole // math.gcd(whole, b) <= TAP_MAX_SIZE
-
-    return next((b for b in sizes if cuttable(b)), sizes[0])
+    return next((d for d in range(max_inner, 0, -1) if run % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0), 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
