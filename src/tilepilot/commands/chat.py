@@ -7,6 +7,7 @@ model) and the measured host time. ``/reset``, ``/system TEXT``, ``/exit``; Ctrl
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 
 from tilepilot.errors import InputError
@@ -37,6 +38,9 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    # Ctrl-C stops a reply (the REPL catches KeyboardInterrupt); a chat started from a parent that ignores SIGINT
+    # (a non-interactive shell's background job) inherits SIG_IGN and would never stop one
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     engine = Engine.from_workspace(args.workspace)
     warn_if_unvalidated(args.workspace)
     try:
