@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tilepilot.files import write_json_atomic, write_text_atomic
+from tilepilot.files import assembled_dir, write_json_atomic, write_text_atomic
 from tilepilot.kernels.registry import Registry
 from tilepilot.npu.trace import Trace
 from tilepilot.skills.journal import Journal
@@ -43,3 +43,27 @@ def test_journal_registry_and_trace_files_are_readable_by_the_team(tmp_path, uma
     assert journal
     for path in [*journal, tmp_path / "registry.json", tmp_path / "trace" / "t.json"]:
         assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_an_assembled_directory_lands_whole_with_umask_modes(tmp_path, umask_022):
+    """A model directory (zoo writer, GGUF importer) is renamed into place with the modes a mkdir/open would give,
+    not mkdtemp's 0700: other users' deployments read it like any checkpoint."""
+    out = tmp_path / "model"
+    out.mkdir()  # an empty directory is taken over
+    with assembled_dir(out) as tmp:
+        assert tmp.parent == tmp_path and tmp != out
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "w.bin").write_bytes(b"x")
+        os.chmod(tmp / "sub" / "w.bin", 0o600)  # as safetensors' writer leaves its files
+    assert (out / "sub" / "w.bin").read_bytes() == b"x"
+    assert {p.stat().st_mode & 0o777 for p in (out, out / "sub")} == {0o755}
+    assert (out / "sub" / "w.bin").stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_failed_assembly_leaves_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with assembled_dir(tmp_path / "model") as tmp:
+            (tmp / "config.json").write_text("{}")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []

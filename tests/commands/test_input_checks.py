@@ -24,6 +24,7 @@ from test_gguf_tiny import write_tiny_gguf  # noqa: E402
 from tiny import write_tiny  # noqa: E402
 
 from tilepilot.cli import main  # noqa: E402
+from tilepilot.model.gguf.importer import import_gguf  # noqa: E402
 from tilepilot.model.zoo import write_zoo_model  # noqa: E402
 from tilepilot.plan.builtin import BUILTIN_PLANS  # noqa: E402
 
@@ -208,9 +209,10 @@ def test_import_and_zoo_make_write_with_the_umask(tiny_gguf, tmp_path):
     old = os.umask(0o022)
     try:
         assert main(["import", str(tiny_gguf), "--out", str(tmp_path / "imported")]) == 0
+        direct = import_gguf(tiny_gguf, tmp_path / "direct").out  # the library call, not only the command
         zoo = write_zoo_model("smollm2-1.7b", tmp_path / "zoo", layers=1, overrides=TINY_ZOO)
     finally:
         os.umask(old)
-    for out in (tmp_path / "imported", zoo):
+    for out in (tmp_path / "imported", direct, zoo):
         assert stat.S_IMODE(out.stat().st_mode) == 0o755
         assert _modes(out) == {0o755, 0o644}, out

@@ -19,7 +19,7 @@ from tilepilot.model.checkpoint import check_headers
 from tilepilot.model.gguf import is_gguf_input, resolve_model_path
 from tilepilot.model.quant import DEFAULT_BF16_TENSORS, FORMATS, GGUF_BLOCK, WeightFormat
 from tilepilot.model.spec import load_spec
-from tilepilot.model.zoo import get_zoo_model, umask_permissions
+from tilepilot.model.zoo import get_zoo_model
 from tilepilot.plan.plan import describe_dispatches
 from tilepilot.runtime.timing import same_model_claims
 from tilepilot.runtime.workspace import load_workspace
@@ -200,12 +200,9 @@ def _model_dir(args, console) -> Path:
         return args.model_dir
 
     target = args.out.parent / f"{args.out.name}.model"
-    fresh = not target.exists()
     bar, report = progress_bar(console, f"importing {args.model_dir.name} into {target}")
     with bar:
         model_dir = resolve_model_path(args.model_dir, target, progress=report)
-    if fresh:  # the importer assembles it in a 0700 temporary directory; an earlier import keeps its modes
-        umask_permissions(model_dir)
     return model_dir
 
 

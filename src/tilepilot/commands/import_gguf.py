@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from tilepilot.model.gguf import extract_gguf, import_gguf
-from tilepilot.model.zoo import check_out_dir, umask_permissions
+from tilepilot.model.zoo import check_out_dir
 
 NAME = "import"  # the sub-command; the module cannot be called import.py
 
@@ -65,7 +65,6 @@ def run(args) -> int:
         bar, report = progress_bar(err, f"importing {src.name}")
         with bar:
             result = import_gguf(src, args.out, layers=args.layers, progress=report, source=args.model)
-    umask_permissions(result.out)  # the importer assembles it in a 0700 temporary directory
     quant = ", ".join(f"{n} {k}" for k, n in sorted(result.quant_types.items()))
     Console().print(
         f"[green]imported[/] {args.model.name} -> {result.out}: {result.architecture}, {result.n_layers} layers, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from tilepilot.errors import ConfigError
+from tilepilot.files import assembled_dir
 from tilepilot.model.checkpoint import INDEX_FILE, shard_names
 from tilepilot.model.safetensors_io import PlannedTensor, StreamingWriter
 from tilepilot.model.spec import ModelSpec, spec_from_config
@@ -322,22 +322,13 @@ def write_zoo_model(
     cfg = {**model.hf_config(layers, dtype_name), **(overrides or {})}
     spec = spec_from_config(cfg, name=model.name)
     layout = LAYOUTS[model.tokenizer]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
-    try:
+    with assembled_dir(out) as tmp:
         write_json(tmp / "config.json", cfg)
         gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False}
         write_json(tmp / "generation_config.json", gen)
         write_json(tmp / "tokenizer.json", tokenizer_json(layout, spec.vocab))
         write_json(tmp / "tokenizer_config.json", tokenizer_config_json(layout, spec.max_positions))
         _write_weights(tmp, spec, torch_dtype, seed, shard_bytes, model.live_vocab(spec.vocab), progress)
-        umask_permissions(tmp)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -377,17 +368,6 @@ def check_writable(directory: Path, out: Path) -> None:
             f"--out {out} cannot be written (creating a directory in {existing} fails: {e.strerror}); choose an --out "
             "directory you can write to"
         ) from None
-
-
-def umask_permissions(root: Path) -> None:
-    """Give a directory assembled in ``tempfile.mkdtemp`` (mode 0700) and its files (safetensors' writer makes 0600)
-    the modes a plain ``mkdir``/``open`` would under the user's umask, as deploy workspaces get: a model directory is
-    shared and read by other users' deployments like any checkpoint."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in (root, *Path(root).rglob("*")):
-        if not path.is_symlink():
-            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -1,22 +1,20 @@
 """``import_gguf``: one GGUF file in, one complete Hugging Face model directory out, or nothing.
 
-Everything is written into a temporary directory beside ``out`` and renamed into place at the end (a
-rename within one file system is atomic), so a crash, a refused file or Ctrl-C never leaves a directory
-that looks like a model but is not one. Checks that need only metadata (architecture, scope, tensor
+Everything is written into a temporary directory beside ``out`` and renamed into place at the end
+(``files.assembled_dir``: atomic, with the user's umask modes), so a crash, a refused file or Ctrl-C never leaves a
+directory that looks like a model but is not one. Checks that need only metadata (architecture, scope, tensor
 names and shapes, tokenizer) all run before the first tensor is dequantized.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import TokenizerError
+from tilepilot.files import assembled_dir
 from tilepilot.model.checkpoint import INDEX_FILE, shard_names
 from tilepilot.model.gguf.config import eos_ids, generation_config, hf_config
 from tilepilot.model.gguf.reader import GGUFFile, open_gguf
@@ -114,9 +112,7 @@ def import_gguf(
             f"the GGUF's tokenizer has {tokenizer.get_vocab_size(with_added_tokens=True)} tokens but the embedding "
             f"only {cfg['vocab_size']} rows; the file is inconsistent — re-convert it"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
-    try:
+    with assembled_dir(out, "import") as tmp:
         write_json(tmp / "config.json", cfg)
         write_json(tmp / "generation_config.json", generation_config(cfg, eos_ids(gguf)))
         tokenizer.save(str(tmp / "tokenizer.json"))
@@ -138,12 +134,6 @@ def import_gguf(
         if layers is not None:
             record["layers_kept"] = cfg["num_hidden_layers"]
         write_json(tmp / SOURCE_FILE, record)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ImportResult(out, cfg["architectures"][0], cfg["num_hidden_layers"], len(pairs), quant)
 
 
