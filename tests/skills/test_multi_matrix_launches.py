@@ -1,4 +1,5 @@
-"""Multi-matrix launches (Q/K/V, gate/up as one quantized GEMV launch each, RoPE of Q and K as one launch) and every
+"""Multi-matrix launches (Q/K/V, gate/up as one quantized GEMV launch each, RoPE of Q and K and Qwen2's Q/K/V biases
+as one launch each) and every
 weight format on every family:
 the quantized decode of each (format, family) matches the FP32 oracle of the dequantized weights within the phase-3
 gate, and merging its launches changes no bit while removing a design switch per merged op; the
@@ -9,10 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tilepilot.errors import ConfigError
 from tilepilot.gates.metrics import cosine, kl_divergence
 from tilepilot.gates.thresholds import KL_MAX_MAX, PHASE3_LOGITS_COSINE
 from tilepilot.harness.model_gate import model_gate
+from tilepilot.kernels.bind import MergedBias, merged_launch
+from tilepilot.kernels.registry import family
 from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.graph import block_graph
 from tilepilot.model.quant import QUANT_FORMATS, WeightFormat, deployment_weights
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage
@@ -45,10 +50,12 @@ def test_every_format_on_every_family_decodes_like_its_oracle_and_merging_change
     assert merged is not None and validate_plan(merged) == []
     runs = [m for g in merged.decode.block for m in g.merged]
     assert ["gate_proj", "up_proj"] in runs and ["q_proj", "k_proj", "v_proj"] in runs and ["rope_q", "rope_k"] in runs
+    assert (["q_bias", "k_bias", "v_bias"] in runs) == ck.spec.qkv_bias
     lib = KernelLibrary()
     separate, launches_separate = _decode_logits(fused, ck, lib)
     together, launches_merged = _decode_logits(merged, ck, lib)
-    assert launches_separate - launches_merged == 4 * ck.spec.n_layers  # q/k/v: 3 -> 1, gate/up, rope q/k: 2 -> 1
+    # q/k/v: 3 -> 1, gate/up, rope q/k: 2 -> 1, and Qwen2's q/k/v biases: 3 -> 1
+    assert launches_separate - launches_merged == (4 + 2 * ck.spec.qkv_bias) * ck.spec.n_layers
     oracle = Oracle(deployment_weights(ck, fused.weight_format()))
     ref = [oracle.prefill(IDS).logits[-1]]
     for step in separate[:-1]:
@@ -57,6 +64,28 @@ def test_every_format_on_every_family_decodes_like_its_oracle_and_merging_change
         assert torch.equal(a, b)  # one launch computes what the separate launches computed, bit for bit
         assert cosine(r, a) >= PHASE3_LOGITS_COSINE
         assert kl_divergence(r, a) <= KL_MAX_MAX
+
+
+def test_merged_bias_adds_each_column_its_own_bias_bit_for_bit(tiny_model):
+    """One bias launch over Q's, K's and V's columns gives each member exactly its separate launch's output, on
+    values whose fp32 sums round differently per column (a column shifted by one would show)."""
+    spec = load_checkpoint(tiny_model("qwen2", layers=1)).spec
+    graph = block_graph(spec)
+    members = tuple(graph.node(o) for o in ("q_bias", "k_bias", "v_bias"))
+    launch = merged_launch(members)
+    assert isinstance(launch, MergedBias)
+    shape = launch.shape("bias", spec, 3, {})
+    assert shape.width == spec.q_dim + 2 * spec.kv_dim
+    g = torch.Generator().manual_seed(0)
+    xs = [(torch.randn(3, n.width, generator=g) * 100).bfloat16() for n in members]
+    bs = [torch.randn(n.width, generator=g).bfloat16() for n in members]
+    bias = family("bias")
+    outs = launch.run(bias.make_design(shape), xs, bs, {}, spec)
+    for n, x, b, y in zip(members, xs, bs, outs, strict=True):
+        alone = bias.make_design(bias.Shape(rows=3, width=n.width)).fast({"x": x, "b": b})["y"]
+        assert torch.equal(y, alone)
+    with pytest.raises(ConfigError, match="only bias merges"):
+        launch.shape("rope", spec, 3, {})
 
 
 def test_bf16_gemvs_merge_too_bit_for_bit(tiny_model):
@@ -122,7 +151,8 @@ def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
     merged = {
         (g.name, m[0]): c.config for g in ctx.plan.decode.block for m in g.merged for c in g.calls if c.op == m[0]
     }
-    gemvs = {k: cfg for k, cfg in merged.items() if k[1] != "rope_q"}
+    gemvs = {k: cfg for k, cfg in merged.items() if k[1].endswith("_proj")}
+    assert ("rms_gemv_rope", "q_bias") in merged  # Qwen2's biases merge too
     assert gemvs and all(cfg.get("tile_m") and cfg.get("tile_k") for cfg in gemvs.values())
     TileTuning().run(ctx)
     after = {(g.name, m[0]): c.config for g in ctx.plan.decode.block for m in g.merged for c in g.calls if c.op == m[0]}

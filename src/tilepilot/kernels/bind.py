@@ -191,17 +191,37 @@ class MergedRope:
         return list(torch.split(y, [int(x.shape[1]) for x in inputs], dim=1))
 
 
-MergedLaunch = MergedLinear | MergedRope
+@dataclass(frozen=True)
+class MergedBias:
+    """One bias launch serving several bias ops of a group (Qwen2's Q, K and V biases): their inputs side by side
+    and their bias vectors concatenated the same way. Each element gets its own column's bias (``kernels/bias.py``),
+    so the outputs are bit-identical to the separate launches; what changes is one launch and one held vector
+    instead of three (inside a one-dispatch decode, a launch's fill and drain cost more than its adds)."""
+
+    members: tuple[OpNode, ...]
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        if family != "bias":
+            raise ConfigError(f"ops {[n.op for n in self.members]} cannot share a {family} launch; only bias merges")
+        return family_module("bias").Shape(rows=rows, width=sum(n.width for n in self.members))
+
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        y = design.fast({"x": torch.cat(inputs, dim=1), "b": torch.cat(weights)})["y"]
+        return list(torch.split(y, [int(x.shape[1]) for x in inputs], dim=1))
+
+
+MergedLaunch = MergedLinear | MergedRope | MergedBias
+_MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
 
 
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
-    ops."""
+    ops, one bias launch for bias ops."""
     kinds = {n.kind for n in members}
-    if kinds == {"linear"}:
-        return MergedLinear(members)
-    if kinds == {"rope"}:
-        return MergedRope(members)
+    if len(kinds) == 1 and next(iter(kinds)) in _MERGED_BY_KIND:
+        return _MERGED_BY_KIND[next(iter(kinds))](members)
     raise ConfigError(f"ops {[n.op for n in members]} ({sorted(kinds)}) cannot share one launch")
 
 

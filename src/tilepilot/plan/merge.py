@@ -1,5 +1,6 @@
 """Multi-matrix launches: the linear ops of a group that read the same input (Q/K/V, gate/up) as one launch each,
-and the group's RoPE ops (Q's and K's) as one launch over all their heads.
+the group's RoPE ops (Q's and K's) as one launch over all their heads, and its bias ops (Qwen2's Q, K and V biases)
+as one launch over all their columns.
 
 A fused decode step is bounded by its launches: each launch inside the one dispatch costs a design switch and the
 configuration of its tiles (``npu.timing.time_group``), and per token Llama-3.2-1B runs 15 launches per layer. Q, K
@@ -7,7 +8,9 @@ and V read the same normed activations, as gate and up do, so one GEMV launch ca
 bf16) weights past one x broadcast and drain each matrix's rows to its own output (``Shape.parts`` of
 ``kernels/gemv.py`` and ``kernels/qgemv.py``, one dataflow), bit-identical to the separate launches. RoPE rotates
 each element on its own with the position's table, so Q's and K's heads side by side in one launch
-(``kernels.bind.MergedRope``) are bit-identical to two launches too, at one launch and one table stream.
+(``kernels.bind.MergedRope``) are bit-identical to two launches too, at one launch and one table stream; a bias
+adds each column's own value, so Q's, K's and V's columns side by side with their biases concatenated
+(``kernels.bind.MergedBias``) are bit-identical to three launches.
 ``merged_stage`` marks those runs (``KernelGroup.merged``) and gives each run's first op a config the merged shape
 tiles (the first op's own if it does, else the family default, for qgemv first keeping its columns, weight channels
 and compute rows). The ``multi-matrix-launches`` decode skill proposes it and keeps it only when faster and

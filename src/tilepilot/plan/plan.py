@@ -64,8 +64,9 @@ class KernelCall:
 
 # families whose launch may serve several ops of a group (``KernelGroup.merged``), with the op kind each serves: one
 # multi-matrix GEMV over matrices that read the same input (kernels/gemv.py and qgemv.py ``Shape.parts``), one RoPE
-# launch over Q's and K's heads (``kernels.bind.MergedRope``)
-MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope"}
+# launch over Q's and K's heads (``kernels.bind.MergedRope``), one bias launch over Q's, K's and V's biases
+# (``kernels.bind.MergedBias``)
+MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bias"}
 
 
 @dataclass
@@ -356,8 +357,8 @@ def describe_dispatches(per_layer: dict[str, int]) -> str:
 def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
     """Why the group's ``merged`` runs cannot be one launch each (empty = they can): two or more of the group's NPU
     ops, each in one run, of one mergeable family and its op kind (``MERGED_KIND``): linear ops of one config format
-    all reading the same input, or RoPE ops of one config whose inputs are all computed before the run's first op
-    (the launch runs there)."""
+    all reading the same input, or RoPE (bias) ops of one config whose inputs are all computed before the run's first
+    op (the launch runs there)."""
     problems: list[str] = []
     calls = {c.op: c for c in g.calls}
     seen: set[str] = set()

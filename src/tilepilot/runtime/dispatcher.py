@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tilepilot.kernels.bind import (
-    MergedLinear,
+    MergedLaunch,
     MergedRope,
     binding,
     config_key,
@@ -252,7 +252,7 @@ class PreparedGroup:
     attention, every context), so the dispatcher does it once per shape instead of once per call."""
 
     group: KernelGroup  # held so that the id in the cache key stays this group's
-    # (node, OpBinding / MergedLinear / MergedRope (one launch for a KernelGroup.merged run; the run's other ops have
+    # (node, OpBinding / a MergedLaunch (one launch for a KernelGroup.merged run; the run's other ops have
     # no entry) or None for kv_write, design or None)
     calls: tuple[tuple[OpNode, Any, Any], ...]
     keys: tuple[Any, ...]  # the timed launch keys, in order
@@ -411,7 +411,7 @@ class Dispatcher:
                 kv.side[layer] = "npu"
                 internal[KV_STATE] = k
                 continue
-            if isinstance(bound, MergedLinear | MergedRope):
+            if isinstance(bound, MergedLaunch):
                 ins = [value(v) for v in dict.fromkeys(n.inputs[0] for n in bound.members)]  # one x for a GEMV
                 ws = [self.pool.weight_view(weights[n.weights[0]]) for n in bound.members if n.weights]
                 extra: dict[str, Any] = {}

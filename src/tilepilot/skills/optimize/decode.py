@@ -109,8 +109,9 @@ class MultiMatrixLaunches(PlanOptimization):
     description = (
         "Runs the projections of a group that read the same input (Q/K/V, gate/up) as one multi-matrix GEMV launch "
         "each (bf16 or packed weights): one x stream past all of their weights, each matrix's rows drained to its "
-        "own output; and the RoPE of Q and K as one launch over all their heads. Use when a decode group launches "
-        "several GEMVs over one activation or RoPE once per projection."
+        "own output; the RoPE of Q and K as one launch over all their heads; and Q's, K's and V's bias adds as one "
+        "launch. Use when a decode group launches several GEMVs over one activation, or RoPE or a bias add once per "
+        "projection."
     )
     purpose = (
         "Removes a design switch and the tile configuration of every launch it merges (inside a one-dispatch decode "
