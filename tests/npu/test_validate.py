@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from tilepilot.npu.design import (
@@ -399,6 +399,12 @@ def random_design(draw):
     )
 
 
+def reaches(core: Tile, memory: Tile) -> bool:
+    """AIE2 (mlir-aie AIE2TargetModel::isLegalMemAffinity): a core reaches its own, west, north and south memory."""
+    dc, dr = memory.col - core.col, memory.row - core.row
+    return (dc, dr) in ((0, 0), (-1, 0), (0, 1), (0, -1))
+
+
 def recount(d: Design):
     """Independent recount from the rules as documented (not via resource_use)."""
     mem = defaultdict(int)
@@ -413,7 +419,9 @@ def recount(d: Design):
         if prod and cons:
             a, b = where[prod[0].name], where[cons[0].name]
             if abs(a.col - b.col) + abs(a.row - b.row) == 1 and len(cons) == 1:
-                mem[a] += size
+                # the buffers go where both cores reach: the producer's memory if the consumer reaches it (east,
+                # north or south neighbour), else the consumer's (a west neighbour; the producer reaches west)
+                mem[a if reaches(b, a) else b] += size
                 continue
         for w in prod:
             mem[w.placement] += size
@@ -430,8 +438,37 @@ def recount(d: Design):
     return l1, dma
 
 
+def west_hand_off() -> Design:
+    """The kind of design the random search failed on in CI: w0 on (1,2) hands f2 (3 x 8 KiB) to w1 on (0,2), its west
+    neighbour. w0 cannot reach east, so the buffers live in w1's memory: (0,2) holds 1 + 24 + 16 + 24 KiB and
+    overflows, (1,2) holds 1 + 16 + 24 KiB and does not. A recount that put them on the producer saw it the other
+    way round."""
+    fifos = [
+        ObjectFifo("f0", (4096,), depth=3, shim_placement=Tile(0, 0)),
+        ObjectFifo("f1", (4096,), depth=3, shim_placement=Tile(0, 0)),
+        ObjectFifo("f2", (4096,), depth=3),
+        ObjectFifo("f3", (4096,), depth=2, shim_placement=Tile(0, 0)),
+    ]
+    workers = [
+        Worker("w0", K, ("f0",), ("f2",), placement=Tile(1, 2), local_bytes=16384),
+        Worker("w1", K, ("f1", "f2"), ("f3",), placement=Tile(0, 2)),
+    ]
+    rt = Runtime().fill("f0", "inp", tap(4096, 0, 8192)).fill("f1", "inp", tap(4096, 0, 8192))
+    rt.drain("f3", "out", tap(4096, 0, 8192))
+    return Design("rand", inputs=[TensorSpec("inp", (8192,))], outputs=[TensorSpec("out", (8192,))], fifos=fifos,
+                  workers=workers, runtime=rt)  # fmt: skip
+
+
+def test_west_hand_off_overflows_the_consumer_tile_not_the_producer():
+    vs = validate(west_hand_off())
+    assert [(v.code, v.tile) for v in vs] == [("L1_OVERFLOW", Tile(0, 2))]
+    assert "66560 B" in vs[0].message and "fifo f2 (shared, 3 x 8192 B)" in vs[0].message
+    assert resource_use(west_hand_off())[Tile(1, 2)].memory == 1024 + 16384 + 24576
+
+
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(random_design())
+@example(west_hand_off())
 def test_validator_matches_independent_resource_count(d):
     vs = validate(d)
     l1, dma = recount(d)

@@ -12,7 +12,9 @@ Compute tile (64 KiB data memory, 2 S2MM + 2 MM2S channels, 16 BDs, 16 locks):
   one MM2S, the stream switch fans out), ``depth`` BDs and 2 locks (AIE2 semaphore pair);
 - a fifo whose single consumer worker sits on an orthogonally adjacent compute tile of its producer
   worker uses shared memory (mlir-aie AIE2TargetModel::isLegalMemAffinity: a core reaches its own,
-  west, north and south memories): ``depth`` buffers and 2 locks on the producer tile, no DMA at all;
+  west, north and south memories): ``depth`` buffers and 2 locks, no DMA at all, on a tile both cores
+  reach: the producer's, unless the consumer sits west of it (it cannot reach east), then the consumer's
+  (ObjectFifoStatefulTransform's share_direction; ``resources.shared_buffer_tile``);
 - the worker's declared ``local_bytes`` plus a 1 KiB core stack (mlir-aie default stack_size 0x400).
 Memory tile (512 KiB, 6 + 6 channels, 48 BDs, 64 locks), per link placed on it:
 - split: the source's buffers (``src.depth`` x source object) are the only storage (destinations are
