@@ -24,6 +24,7 @@ from tilepilot.cli import main
 from tilepilot.errors import CheckpointError, ConfigError, ScopeError, TokenizerError
 from tilepilot.model.gguf import import_gguf, resolve_model_path
 from tilepilot.model.gguf.rope import llama3_rope_divisors
+from tilepilot.model.gguf.source import model_name
 from tilepilot.model.spec import load_spec
 from tilepilot.model.tokenizer import Tokenizer
 
@@ -203,6 +204,7 @@ def test_import_families_matches_the_written_weights(tmp_path, arch):
         assert torch.equal(got[name], torch.from_numpy(value).to(torch.bfloat16)), name
     spec = load_spec(out)
     assert spec.family == arch
+    assert model_name(out) == arch and model_name(tmp_path) == tmp_path.name  # the GGUF's stem; a plain directory's
     assert (spec.qkv_bias, spec.qk_norm) == (arch == "qwen2", arch == "qwen3")
     assert spec.head_dim == (32 if arch == "qwen3" else 16)
     assert spec.tied_embeddings and spec.n_layers == 1 and spec.vocab == len(tokens())

@@ -81,6 +81,17 @@ def test_raw_stream_is_sse_ending_with_done(server, model_id):
     assert last["tilepilot"]["modeled_ttft_s"] > 0
 
 
+def test_a_request_that_names_no_model_gets_the_one_served(server, model_id):
+    """``model`` is optional, as on vLLM's and llama.cpp's servers: one model is served here."""
+    body = json.dumps({"messages": CHAT, "max_tokens": 2, "temperature": 0})
+    req = urllib.request.Request(
+        f"{server.base_url}/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        reply = json.loads(r.read())
+    assert reply["model"] == model_id and reply["choices"][0]["message"]["role"] == "assistant"
+
+
 def test_completion_streamed_equals_non_streamed_with_usage(client, model_id, tokenizer):
     full = client.completions.create(model=model_id, prompt=PROMPT, max_tokens=7, temperature=0)
     assert full.object == "text_completion" and full.choices[0].finish_reason == "length"

@@ -35,6 +35,7 @@ def test_trained_model_served_answers_paris(trained):
 
     client = openai.OpenAI(base_url=trained.base_url, api_key="unused", timeout=TIMEOUT_S, max_retries=0)
     model_id = client.models.list().data[0].id
+    assert model_id == "SmolLM2-135M-Instruct.Q4_1"  # the GGUF file's name, as llama.cpp's server names it
     messages = [{"role": "user", "content": QUESTION}]
     ask = {"model": model_id, "messages": messages, "max_tokens": 24, "temperature": 0}
     reply = client.chat.completions.create(**ask)

@@ -14,7 +14,7 @@ from tilepilot.commands.import_gguf import progress_bar
 from tilepilot.errors import TokenizerError
 from tilepilot.model.checkpoint import check_headers
 from tilepilot.model.gguf import is_gguf_input, resolve_model_path
-from tilepilot.model.gguf.importer import SOURCE_FILE
+from tilepilot.model.gguf.source import imported_from
 from tilepilot.model.spec import load_spec
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.skills.weights import stored_format
@@ -54,20 +54,6 @@ def _run_gguf(args) -> int:
         return run(argparse.Namespace(**{**vars(args), "model_dir": str(model_dir), "gguf_input": True}))
 
 
-def _gguf_source(model_dir: str) -> dict | None:
-    """The GGUF a directory was imported from, as its import recorded it (file, size, stored tensor types), or None:
-    a GGUF's own blocks are what a deployment streams by default, so the user must see them, not only the bf16 copy
-    the import wrote beside them."""
-    path = Path(model_dir) / SOURCE_FILE
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def _stored_row(source: dict, stored: str | None, gguf_input: bool) -> str:
     types = source.get("quant_types") or {}
     counts = ", ".join(f"{n} {t}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
@@ -98,7 +84,7 @@ def run(args) -> int:
     spec = load_spec(args.model_dir)  # raises ScopeError / ConfigError with one sentence
     report = check_headers(args.model_dir, spec)  # reads headers only, never the tensor data
     tokenizer = _tokenizer_summary(args.model_dir)
-    source = _gguf_source(args.model_dir)
+    source = imported_from(args.model_dir)
     stored = stored_format(Path(args.model_dir), spec) if source else None
     if args.json:
         out = {"spec": spec.to_dict(), "in_scope": True, "weights": report.to_dict(), "tokenizer": tokenizer}

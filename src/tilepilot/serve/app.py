@@ -227,8 +227,8 @@ def create_app(engine: Engine) -> FastAPI:
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         return _as_api_error(e).response()
 
-    def check_model(name: str) -> None:
-        if name != engine.model_id:
+    def check_model(name: str | None) -> None:
+        if name is not None and name != engine.model_id:
             raise ApiError(
                 404,
                 f"the model {name!r} does not exist here; this server serves {engine.model_id!r} (see /v1/models)",

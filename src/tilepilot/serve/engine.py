@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.errors import InputError, TilepilotError, TokenizerError
+from tilepilot.model.gguf.source import model_name
 from tilepilot.model.tokenizer import IncrementalDecoder
 from tilepilot.runtime.runner import NpuRunner, window_s
 from tilepilot.runtime.sampling import Sampler, SamplingParams
@@ -113,12 +114,13 @@ class Job:
 
 
 def open_deployment(workspace: str | Path) -> tuple[NpuRunner, Any, str]:
-    """Open the deployment in ``workspace``: its runner, its tokenizer and the model id it is served as.
+    """Open the deployment in ``workspace``: its runner, its tokenizer and the model id it is served as
+    (``model_name``: a GGUF's file stem, else the checkpoint directory's name).
 
     Through ``NpuRunner.open``, the one way every command opens a deployment.
     """
     runner = NpuRunner.open(workspace)
-    return runner, runner.tokenizer, runner.spec.name or runner.workspace.model_dir.name
+    return runner, runner.tokenizer, model_name(runner.workspace.model_dir)
 
 
 def cpu_measured_s(trace: Any, mark: int) -> float:

