@@ -34,9 +34,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tilepilot.npu import numerics as nx
+from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, forward, join, split
 from tilepilot.npu.design import ObjectFifo as Fifo
 from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.timing import busiest_channel, compute_cycles_per_call
 from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_SIZE, DesignError, Violation, legal_taps
 
 FAMILY = "gemm"
@@ -387,6 +389,92 @@ def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     out = torch.zeros(shape, dtype=torch.bfloat16)
     out[tuple(slice(0, s) for s in t.shape)] = t.to(torch.bfloat16)
     return out
+
+
+def modeled_estimate(
+    shape: Shape,
+    config: Config,
+    device: Device | None = None,
+    cal: Calibration = CALIBRATION,
+    *,
+    family: str = FAMILY,
+    w_chunk_bytes: int | None = None,
+    extra_vector_ops: int = 0,
+    padded: Shape | None = None,
+) -> float:
+    """Modeled seconds of one dispatch of ``make_design(shape, config)`` (``time_group``), without building it.
+
+    Why: ranking candidates by padding alone picks one row of 4-row tiles at M = 1025 (the only near-zero-waste
+    tiling), ~50x slower per token than 4 x 8 tiles of 64 rows padded to 1280. Timing every candidate's real design
+    is too slow for a default (thousands of task groups for the tiny tilings, seconds each), so this is the timing
+    model (``npu/timing.py``) evaluated in closed form on the GEMM dataflow of ``make_design``: the slowest worker's
+    calls, the memory-tile and shim channels, DDR, one fill and drain per task group, the tiles configured and the
+    dispatch. Tested equal to ``time_group(make_design(...))`` (tests/kernels/test_gemm_rank.py), so it cannot
+    drift from the model unnoticed. No legality check: the caller validates the design it picks.
+
+    ``family``, ``w_chunk_bytes`` (bytes of one weight row's ``tile_k`` chunk; bf16: 2 * tile_k) and
+    ``extra_vector_ops`` (per kernel call) let ``qgemm``, the same dataflow with packed weights decoded in the tile,
+    use it too. ``padded``: ``padded_shape(shape, config)`` when the caller has it.
+    """
+    device = device or npu2()
+    p = padded or padded_shape(shape, config)
+    rows, cols, tm, tk, tn = config.rows, config.cols, config.tile_m, config.tile_k, config.tile_n
+    hm, hn = herd(config)
+    groups = (p.m // (hm * tm)) * (p.n // (hn * tn))  # one task group per output block = worker iterations
+    kt = p.k // tk
+    bpc = float(device.stream_bytes_per_cycle)
+    ob = out_bytes(config)
+    a_obj, w_obj, c_obj = 2 * tm * tk, tn * (2 * tk if w_chunk_bytes is None else w_chunk_bytes), ob * tm * tn
+    n_s = _a_links(rows, cols)
+    rpl = rows // n_s
+    split_obj, col_obj = (a_obj, w_obj) if config.orient == "m_rows" else (w_obj, a_obj)
+    # bytes over the launch: the split operand's shim fifo, one row's fifo, a column's fifos, one C tile's fifo
+    split_l2, split_row = groups * kt * rpl * split_obj, groups * kt * split_obj
+    col_l2 = col_row = groups * kt * col_obj
+    c_l2, c_tile = groups * rows * c_obj, groups * c_obj
+
+    # the worker: one C tile per iteration, kt kernel calls each (timing._worker_profile / _time_worker)
+    acc_bytes = 4 * tm * tn if separate_accumulator(config) else 0
+    per_call_in = [split_obj * kt / kt / bpc, col_obj * kt / kt / bpc]
+    per_call_out = [c_obj * 1 / kt / bpc]
+    dma_in = busiest_channel(per_call_in, device.compute.s2mm_channels)
+    dma_out = busiest_channel(per_call_out, device.compute.mm2s_channels)
+    serial = max(
+        busiest_channel(per_call_in if config.depth < 2 else [], device.compute.s2mm_channels),
+        busiest_channel(per_call_out if c_depth(config) < 2 else [], device.compute.mm2s_channels),
+    )
+    bytes_per_call = a_obj + w_obj + c_obj + acc_bytes
+    compute = compute_cycles_per_call(
+        config.variant, tm * tk * tn, extra_vector_ops, bytes_per_call, family, device, cal
+    )
+    trips, spill_bytes = spill(p, config)
+    spill_cycles = trips * 2 * (cal.dma_hop_latency_cycles + spill_bytes / bpc)
+    worker = (max(compute + serial, dma_in, dma_out) * kt + spill_cycles) * groups
+
+    limits = [worker]
+    shim_bpc = min(bpc, cal.shim_channel_bytes_per_s / device.clock_hz)
+    # memory tile c holds column c's links and, for c < n_s, the split operand's link c; shim tile c likewise (the
+    # columns c >= n_s are alike, so two cases cover all)
+    for with_split in (True, False) if n_s < cols else (True,):
+        ins = [col_l2 / bpc] + [c_tile / bpc] * rows + ([split_l2 / bpc] if with_split else [])
+        outs = [col_row / bpc, c_l2 / bpc] + ([split_row / bpc] * rpl if with_split else [])
+        limits.append(
+            max(busiest_channel(ins, device.mem.s2mm_channels), busiest_channel(outs, device.mem.mm2s_channels))
+        )
+        fills = [float(col_l2)] + ([float(split_l2)] if with_split else [])
+        shim = max(
+            busiest_channel(fills, device.shim.mm2s_channels),
+            busiest_channel([float(c_l2)], device.shim.s2mm_channels),
+        )
+        limits.append(shim / shim_bpc)
+    ddr = n_s * split_l2 + cols * col_l2 + cols * c_l2
+    limits.append(ddr / cal.ddr_bytes_per_s * device.clock_hz)
+    hop = cal.dma_hop_latency_cycles
+    fill = max(2 * hop + (rpl * split_obj / bpc + split_obj / bpc), 2 * hop + (col_obj / bpc + col_obj / bpc))
+    drain = 2 * hop + (rows * c_obj / bpc + c_obj / bpc)
+    cycles = fill + max(limits) + drain + max(groups - 1, 0) * (fill + drain)
+    tiles = rows * cols + cols  # a worker per compute tile, one memory tile per column holding links
+    return cal.dispatch_overhead_s + tiles * cal.tile_config_s + cycles / device.clock_hz
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:

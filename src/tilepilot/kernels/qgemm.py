@@ -30,6 +30,7 @@ from tilepilot.kernels import gemm
 from tilepilot.kernels.gemv import stream_taps, tile_fits
 from tilepilot.kernels.qgemv import DEQUANT_OPS
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
+from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import Design, Runtime, RuntimeTask, TensorSpec, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.validate import WORD_BYTES, DesignError, Violation
@@ -209,6 +210,22 @@ def crop_outputs(design: Design, outputs: dict[str, torch.Tensor]) -> dict[str, 
 
 # the GEMV families' pre-filter (format and block checks, then one worker's L1), with the packed L1 above
 fits = tile_fits(lambda shape, config, device: _check(shape, config), l1_bytes)
+
+
+def modeled_estimate(
+    shape: Shape, config: Config, device: Device | None = None, cal: Calibration = CALIBRATION
+) -> float:
+    """Modeled seconds of one dispatch of ``make_design(shape, config)`` without building it: the GEMM's closed form
+    (``gemm.modeled_estimate``) with this design's weight objects (packed K chunks) and decode work per call."""
+    return gemm.modeled_estimate(
+        gemm.Shape(shape.m, shape.n, shape.k),
+        config.gemm(),
+        device,
+        cal,
+        family=FAMILY,
+        w_chunk_bytes=chunk_bytes(shape, config.tile_k),
+        extra_vector_ops=DEQUANT_OPS[shape.fmt] * config.tile_n * config.tile_k,
+    )
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
