@@ -1,14 +1,22 @@
-"""The GEMM families' closed-form modeled time (``modeled_estimate``): equal to the timing model of the design.
+"""How the GEMM families rank their configs: by the modeled time of the design, not by padding first.
 
-Every time here is modeled (the timing model, deterministic).
+Padding first picked one row of 4-row tiles whenever M = 4 mod 8 (the only exact tiling) or M was one past a
+multiple of 4 (the least padding), ~35-60x slower per token than 4 x 8 tiles of 64 rows at a thousand tokens; fused
+Llama-3.2-1B prefill groups then outlived the driver's watchdog at thousands of lengths. Every time here is modeled
+(the timing model, deterministic); designs are validated before they are timed.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from tilepilot.kernels import gemm, qgemm
 from tilepilot.kernels.tuning import modeled_seconds
+from tilepilot.model.graph import block_graph, weight_shape
+from tilepilot.model.zoo import ZOO
+from tilepilot.npu.validate import validate
 
 # configs the candidates never hold (other orientation, single buffers, L2 K tiles, fp32 out, odd herds) as well
 ESTIMATE_CASES = [
@@ -50,3 +58,55 @@ def test_the_quantized_estimate_is_the_timing_model_of_its_design(fmt):
     for cfg in cands[:3] + cands[3 :: len(cands) // 6]:
         design = qgemm.make_design(shape, cfg)
         assert qgemm.modeled_estimate(shape, cfg) == pytest.approx(modeled_seconds(design), rel=1e-12, abs=0), cfg
+
+
+def _per_token_s(m: int, n: int, k: int) -> float:
+    shape = gemm.Shape(m, n, k)
+    design = gemm.make_design(shape, gemm.default_config(shape))
+    assert validate(design) == []  # legal before it is timed
+    return modeled_seconds(design) / m
+
+
+@pytest.mark.parametrize(("nk", "base"), [((2048, 2048), 1024), ((8192, 2048), 2048), ((576, 576), 1024)])
+def test_awkward_lengths_are_not_much_slower_per_token(nk, base):
+    """M = 1..4 mod 8 against the multiple of 8 below: padding first made these 35-60x slower per token (one row of
+    4-row tiles); the default now pads to 64-row tiles when that is faster, at most the padding's cost."""
+    ref = _per_token_s(base, *nk)
+    for m in range(base + 1, base + 5):
+        assert _per_token_s(m, *nk) < 1.5 * ref, m
+
+
+def test_an_exact_tiling_yields_only_to_a_much_faster_padded_one():
+    # M = 1028 = 4 x 257: the only exact tiling is one row of 4-row tiles, ~35x slower than 4 x 8 x 64 padded
+    shape = gemm.Shape(1028, 2048, 2048)
+    exact = gemm.Config(1, 8, 4, 8, 64)
+    default = gemm.default_config(shape)
+    assert default.pad and default.rows * default.cols == 32
+    assert gemm.modeled_estimate(shape, exact) > gemm.EXACT_SLACK * gemm.modeled_estimate(shape, default)
+    # 2048 tokens tile exactly at the full array, as before
+    assert gemm.default_config(gemm.Shape(2048, 2048, 2048)) == gemm.Config(4, 8, 64, 32, 64)
+    # the candidates lead with the default and keep the other numerics behind it
+    cands = gemm.candidate_configs(shape)
+    assert cands[0] == default
+    first_other = next(i for i, c in enumerate(cands) if (c.variant, c.acc) != ("vector", "fp32"))
+    assert all((c.variant, c.acc) != ("vector", "fp32") for c in cands[first_other:])
+
+
+def test_the_gate_prompt_keeps_exact_tilings_for_every_seed_shape():
+    """At the gate prompt (24 tokens) a padded launch would not bind into the fused groups the kernel gate checks
+    (GROUP_BINDING), and ``fix-merged-launch-arguments`` resets configs to defaults expecting no padding."""
+    shapes = {
+        weight_shape(spec, node.weights[0])
+        for spec in (z.spec(layers=1) for z in ZOO.values())
+        for node in (block_graph(spec).node(op) for op in block_graph(spec).block_ops)
+        if node.kind == "linear"
+    }
+    padded = [(n, k) for n, k in sorted(shapes) if gemm.default_config(gemm.Shape(24, n, k)).pad]
+    assert padded == []
+
+
+def test_candidates_and_defaults_are_cached_copies():
+    shape = gemm.Shape(1025, 2048, 2048)
+    first = gemm.candidate_configs(shape)
+    first.clear()  # a caller's list is its own
+    assert gemm.candidate_configs(shape)[0] == gemm.default_config(shape) == replace(gemm.Config(), pad=True)
