@@ -110,3 +110,24 @@ def test_candidates_and_defaults_are_cached_copies():
     first = gemm.candidate_configs(shape)
     first.clear()  # a caller's list is its own
     assert gemm.candidate_configs(shape)[0] == gemm.default_config(shape) == replace(gemm.Config(), pad=True)
+
+
+def test_fused_llama_prefill_at_7777_tokens_stays_within_the_dispatch_watchdog():
+    """Llama-3.2-1B's fused o_ffn prefill dispatch at 7777 tokens was modeled at 4.9 s (one row of 4-row tiles for
+    its GEMMs), beyond the driver's 4 s watchdog: DISPATCH_WATCHDOG in the paper-like and air-q4 plans (air-q4's
+    prefill o_ffn group is the paper-like one, same calls and configs; building air-q4 takes ~9 s, so only this one
+    is built here). Shape-only: designs built, validated and timed as ``time_plan`` does (``KernelLibrary``)."""
+    from tilepilot.kernels.bind import binding
+    from tilepilot.plan.builtin import paper_like_plan
+    from tilepilot.runtime.dispatcher import KernelLibrary
+
+    spec = ZOO["llama-3.2-1b"].spec(layers=1)
+    graph = block_graph(spec)
+    group = next(g for g in paper_like_plan(spec).stage("prefill").block if g.name == "o_ffn")
+    library = KernelLibrary()  # validates every design, checks the dispatch against the watchdog
+    keys = []
+    for call in group.calls:
+        node = graph.node(call.op)
+        shape = binding(node, call.family).shape(node, spec, 7777, 7777, call.config)
+        keys.append(library.design(call.family, shape, call.config)[0])
+    assert library.dispatch_time("o_ffn", keys).seconds < 0.5
