@@ -29,14 +29,19 @@ bits must not depend on M, which is a prompt chunk's length (``numerics.row_bloc
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Protocol, TypeVar
 
 import torch
 
 from tilepilot.npu import numerics as nx
+from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import Design, Runtime, TensorSpec, Tile, TileKernel, Worker, forward, join, split
 from tilepilot.npu.design import ObjectFifo as Fifo
 from tilepilot.npu.device import FIRST_COMPUTE_ROW, MEM_ROW, SHIM_ROW, Device, npu2
+from tilepilot.npu.timing import busiest_channel, compute_cycles_per_call
 from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_SIZE, DesignError, Violation, legal_taps
 
 FAMILY = "gemm"
@@ -389,11 +394,206 @@ def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
-def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
-    """Configs worth trying, most promising first: more tiles, bigger tiles, no padding before padding."""
+def modeled_estimate(
+    shape: Shape,
+    config: Config,
+    device: Device | None = None,
+    cal: Calibration = CALIBRATION,
+    *,
+    family: str = FAMILY,
+    w_chunk_bytes: int | None = None,
+    extra_vector_ops: int = 0,
+    padded: Shape | None = None,
+) -> float:
+    """Modeled seconds of one dispatch of ``make_design(shape, config)`` (``time_group``), without building it.
+
+    Why: ranking candidates by padding alone picks one row of 4-row tiles at M = 1025 (the only near-zero-waste
+    tiling), ~50x slower per token than 4 x 8 tiles of 64 rows padded to 1280. Timing every candidate's real design
+    is too slow for a default (thousands of task groups for the tiny tilings, seconds each), so this is the timing
+    model (``npu/timing.py``) evaluated in closed form on the GEMM dataflow of ``make_design``: the slowest worker's
+    calls, the memory-tile and shim channels, DDR, one fill and drain per task group, the tiles configured and the
+    dispatch. Tested equal to ``time_group(make_design(...))`` (tests/kernels/test_gemm_rank.py), so it cannot
+    drift from the model unnoticed. No legality check: the caller validates the design it picks.
+
+    ``family``, ``w_chunk_bytes`` (bytes of one weight row's ``tile_k`` chunk; bf16: 2 * tile_k) and
+    ``extra_vector_ops`` (per kernel call) let ``qgemm``, the same dataflow with packed weights decoded in the tile,
+    use it too. ``padded``: ``padded_shape(shape, config)`` when the caller has it.
+    """
     device = device or npu2()
+    p = padded or padded_shape(shape, config)
+    rows, cols, tm, tk, tn = config.rows, config.cols, config.tile_m, config.tile_k, config.tile_n
+    hm, hn = herd(config)
+    groups = (p.m // (hm * tm)) * (p.n // (hn * tn))  # one task group per output block = worker iterations
+    kt = p.k // tk
+    bpc = float(device.stream_bytes_per_cycle)
+    ob = out_bytes(config)
+    a_obj, w_obj, c_obj = 2 * tm * tk, tn * (2 * tk if w_chunk_bytes is None else w_chunk_bytes), ob * tm * tn
+    n_s = _a_links(rows, cols)
+    rpl = rows // n_s
+    split_obj, col_obj = (a_obj, w_obj) if config.orient == "m_rows" else (w_obj, a_obj)
+    # bytes over the launch: the split operand's shim fifo, one row's fifo, a column's fifos, one C tile's fifo
+    split_l2, split_row = groups * kt * rpl * split_obj, groups * kt * split_obj
+    col_l2 = col_row = groups * kt * col_obj
+    c_l2, c_tile = groups * rows * c_obj, groups * c_obj
+
+    # the worker: one C tile per iteration, kt kernel calls each (timing._worker_profile / _time_worker)
+    acc_bytes = 4 * tm * tn if separate_accumulator(config) else 0
+    per_call_in = [split_obj * kt / kt / bpc, col_obj * kt / kt / bpc]
+    per_call_out = [c_obj * 1 / kt / bpc]
+    dma_in = busiest_channel(per_call_in, device.compute.s2mm_channels)
+    dma_out = busiest_channel(per_call_out, device.compute.mm2s_channels)
+    serial = max(
+        busiest_channel(per_call_in if config.depth < 2 else [], device.compute.s2mm_channels),
+        busiest_channel(per_call_out if c_depth(config) < 2 else [], device.compute.mm2s_channels),
+    )
+    bytes_per_call = a_obj + w_obj + c_obj + acc_bytes
+    compute = compute_cycles_per_call(
+        config.variant, tm * tk * tn, extra_vector_ops, bytes_per_call, family, device, cal
+    )
+    trips, spill_bytes = spill(p, config)
+    spill_cycles = trips * 2 * (cal.dma_hop_latency_cycles + spill_bytes / bpc)
+    worker = (max(compute + serial, dma_in, dma_out) * kt + spill_cycles) * groups
+
+    limits = [worker]
+    shim_bpc = min(bpc, cal.shim_channel_bytes_per_s / device.clock_hz)
+    # memory tile c holds column c's links and, for c < n_s, the split operand's link c; shim tile c likewise (the
+    # columns c >= n_s are alike, so two cases cover all)
+    for with_split in (True, False) if n_s < cols else (True,):
+        ins = [col_l2 / bpc] + [c_tile / bpc] * rows + ([split_l2 / bpc] if with_split else [])
+        outs = [col_row / bpc, c_l2 / bpc] + ([split_row / bpc] * rpl if with_split else [])
+        limits.append(
+            max(busiest_channel(ins, device.mem.s2mm_channels), busiest_channel(outs, device.mem.mm2s_channels))
+        )
+        fills = [float(col_l2)] + ([float(split_l2)] if with_split else [])
+        shim = max(
+            busiest_channel(fills, device.shim.mm2s_channels),
+            busiest_channel([float(c_l2)], device.shim.s2mm_channels),
+        )
+        limits.append(shim / shim_bpc)
+    ddr = n_s * split_l2 + cols * col_l2 + cols * c_l2
+    limits.append(ddr / cal.ddr_bytes_per_s * device.clock_hz)
+    hop = cal.dma_hop_latency_cycles
+    fill = max(2 * hop + (rpl * split_obj / bpc + split_obj / bpc), 2 * hop + (col_obj / bpc + col_obj / bpc))
+    drain = 2 * hop + (rows * c_obj / bpc + c_obj / bpc)
+    cycles = fill + max(limits) + drain + max(groups - 1, 0) * (fill + drain)
+    tiles = rows * cols + cols  # a worker per compute tile, one memory tile per column holding links
+    return cal.dispatch_overhead_s + tiles * cal.tile_config_s + cycles / device.clock_hz
+
+
+# An exact tiling (no padding) ranks before every padded one while its modeled time is within this factor of the
+# fastest candidate's. Why keep exact tilings at all: a padded launch's DDR tensors are larger than its neighbours'
+# (M x K written, padded M' x K' read), so it cannot be bound into a fused multi-launch group (GROUP_BINDING), and
+# the plans' repair skill (``fix-merged-launch-arguments``) resets configs to the family defaults expecting them not
+# to pad. Why 4: at the gate prompt (24 tokens) the seed shapes' best exact tilings are 1.2-3.2x slower than padded
+# ones (tiny GEMMs, fixed costs dominate) and must stay; the exact tilings that made awkward lengths slow are far
+# slower at ~1,000 tokens: one row of 4-row tiles (M = 4 mod 8) 30-60x, two rows (M = 8 mod 16) 15-35x, four rows
+# of 4-row tiles (M = 16 mod 32) 8-15x. The price: exact tilings of 8- and 16-row tiles (M = 32 mod 64, 64 mod 128)
+# stay where padding is up to 4x faster.
+EXACT_SLACK = 4.0
+
+
+class _Rankable(Protocol):
+    """What ``rank`` reads of a config (gemm's and qgemm's Config both have it)."""
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def cols(self) -> int: ...
+    @property
+    def tile_m(self) -> int: ...
+    @property
+    def tile_k(self) -> int: ...
+    @property
+    def tile_n(self) -> int: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def acc(self) -> str: ...
+    @property
+    def pad(self) -> bool: ...
+
+
+R = TypeVar("R", bound=_Rankable)
+
+
+def rank(scored: Iterable[tuple[R, float, float]]) -> list[R]:
+    """Configs ranked from (config, modeled seconds, padding = padded MACs / useful MACs), best first.
+
+    The key, in order: the default numerics (vector kernel, fp32 accumulation: the others change the results and
+    are the tuner's to choose, behind the gates); an exact tiling within ``EXACT_SLACK`` of the fastest candidate
+    of its numerics; the modeled time (``modeled_estimate``, to the picosecond so float noise cannot split equal
+    times); then less padding, more tiles, bigger tiles.
+
+    Why time and not padding first: padding is a poor proxy for time at awkward lengths. At M = 1025 the least
+    padding is one row of 4-row tiles over 1028 rows, whose ~257 output blocks per N block each pay a pipeline fill
+    and drain and whose 4 x 64 x 64 calls are mostly loop overhead: ~35x slower than 4 x 8 tiles of 64 rows over
+    1280 rows. ``qgemm`` ranks its configs (same fields) with this too.
+    """
+    scored = list(scored)
+    fastest: dict[tuple[str, str], float] = {}
+    for cfg, seconds, _ in scored:
+        numerics = (cfg.variant, cfg.acc)
+        fastest[numerics] = min(fastest.get(numerics, seconds), seconds)
+
+    def key(item: tuple[R, float, float]) -> tuple:
+        cfg, seconds, padding = item
+        exact = not cfg.pad and seconds <= EXACT_SLACK * fastest[(cfg.variant, cfg.acc)]
+        return (
+            cfg.variant != "vector",
+            cfg.acc != "fp32",
+            not exact,
+            round(seconds, 12),
+            round(padding, 3),
+            -cfg.rows * cfg.cols,
+            -cfg.tile_m * cfg.tile_n,
+            -cfg.tile_k,
+        )
+
+    return [cfg for cfg, _, _ in sorted(scored, key=key)]
+
+
+def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
+    """Configs worth trying, most promising first (``rank``: default numerics, exact tilings that are not much
+    slower, then the modeled time)."""
+    return list(_ranked(shape, device or npu2(), CALIBRATION))
+
+
+def default_config(shape: Shape, device: Device | None = None) -> Config:
+    """The best-ranked candidate (``candidate_configs``' first): vector kernel, fp32 accumulation, no padding unless
+    padding is more than ``EXACT_SLACK`` times faster, then the least modeled time. Only the candidates of those
+    numerics are estimated (a third of them): the others rank after them anyway."""
+    return _default(shape, device or npu2(), CALIBRATION)
+
+
+@functools.lru_cache(maxsize=512)
+def _default(shape: Shape, device: Device, cal: Calibration) -> Config:
+    ranked = rank(
+        (cfg, modeled_estimate(shape, cfg, device, cal, padded=p), padding)
+        for cfg, p, padding in unranked_candidates(shape, device)
+        if (cfg.variant, cfg.acc) == ("vector", "fp32")
+    )
+    if not ranked:
+        raise _err(f"no GEMM tiling fits {shape}; the shape is too small or too oddly sized for any candidate")
+    return ranked[0]
+
+
+@functools.lru_cache(maxsize=512)
+def _ranked(shape: Shape, device: Device, cal: Calibration) -> tuple[Config, ...]:
+    """The ranked candidates of a shape. Cached, as ``_default`` is: a plan asks for the same few shapes once per
+    layer, and ranking estimates every candidate (~2,600 for a large GEMM, tens of microseconds each)."""
+    return tuple(
+        rank(
+            (cfg, modeled_estimate(shape, cfg, device, cal, padded=p), padding)
+            for cfg, p, padding in unranked_candidates(shape, device)
+        )
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def unranked_candidates(shape: Shape, device: Device) -> tuple[tuple[Config, Shape, float], ...]:
+    """(config, padded shape, padding) of every tiling worth trying, unranked: cheap arithmetic filters only."""
     budget = device.compute.memory_bytes
-    out: list[tuple[tuple, Config]] = []
+    out: list[tuple[Config, Shape, float]] = []
     for rows in (4, 2, 1):
         for cols in (8, 4, 2, 1):
             if rows > device.compute_rows or cols > device.columns:
@@ -411,20 +611,10 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                                 # a K loop longer than one DMA dimension is peeled into one pattern per step:
                                 # thousands of shim BDs (BD_LIMIT), and very slow to build
                                 continue
-                            waste = p.m * p.n * p.k / (shape.m * shape.n * shape.k)
-                            if waste > 1.0:
-                                cfg = Config(rows, cols, tm, tk, tn, variant, acc, pad=True)
-                            if waste > 4.0:
+                            padding = p.m * p.n * p.k / (shape.m * shape.n * shape.k)
+                            if padding > 4.0:
                                 continue
-                            rank = (round(waste, 3), variant != "vector", acc != "fp32", -rows * cols, -tm * tn, -tk)
-                            out.append((rank, cfg))
-    out.sort(key=lambda x: x[0])
-    return [c for _, c in out]
-
-
-def default_config(shape: Shape, device: Device | None = None) -> Config:
-    """The best-ranked candidate: vector kernel, fp32 accumulation, the least padding, then the most tiles."""
-    cands = candidate_configs(shape, device)
-    if not cands:
-        raise _err(f"no GEMM tiling fits {shape}; the shape is too small or too oddly sized for any candidate")
-    return cands[0]
+                            if padding > 1.0:
+                                cfg = Config(rows, cols, tm, tk, tn, variant, acc, pad=True)
+                            out.append((cfg, p, padding))
+    return tuple(out)

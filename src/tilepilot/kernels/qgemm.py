@@ -22,6 +22,7 @@ three formats (d = 0, m = 0), so padded shapes stay exact.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -30,6 +31,7 @@ from tilepilot.kernels import gemm
 from tilepilot.kernels.gemv import stream_taps, tile_fits
 from tilepilot.kernels.qgemv import DEQUANT_OPS
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
+from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import Design, Runtime, RuntimeTask, TensorSpec, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.validate import WORD_BYTES, DesignError, Violation
@@ -211,22 +213,47 @@ def crop_outputs(design: Design, outputs: dict[str, torch.Tensor]) -> dict[str, 
 fits = tile_fits(lambda shape, config, device: _check(shape, config), l1_bytes)
 
 
+def modeled_estimate(
+    shape: Shape, config: Config, device: Device | None = None, cal: Calibration = CALIBRATION
+) -> float:
+    """Modeled seconds of one dispatch of ``make_design(shape, config)`` without building it: the GEMM's closed form
+    (``gemm.modeled_estimate``) with this design's weight objects (packed K chunks) and decode work per call."""
+    return gemm.modeled_estimate(
+        gemm.Shape(shape.m, shape.n, shape.k),
+        config.gemm(),
+        device,
+        cal,
+        family=FAMILY,
+        w_chunk_bytes=chunk_bytes(shape, config.tile_k),
+        extra_vector_ops=DEQUANT_OPS[shape.fmt] * config.tile_n * config.tile_k,
+    )
+
+
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
-    """The GEMM's candidates (same ranking) whose K chunk holds whole blocks and whose packed tiles fit L1."""
-    device = device or npu2()
-    out = []
-    for c in gemm.candidate_configs(gemm.Shape(shape.m, shape.n, shape.k), device):
+    """The GEMM's candidates whose K chunk holds whole blocks and whose packed tiles fit L1, ranked as the GEMM ranks
+    (``gemm.rank``) but by this design's own modeled time: packed weights move ~0.28x the bytes and add decode
+    work per call, which can move the best tiling."""
+    return list(_ranked(shape, device or npu2(), CALIBRATION))
+
+
+@functools.lru_cache(maxsize=256)
+def _ranked(shape: Shape, device: Device, cal: Calibration) -> tuple[Config, ...]:
+    gshape = gemm.Shape(shape.m, shape.n, shape.k)
+    own = {f.name for f in fields(Config)}
+    scored = []
+    for c, _, padding in gemm.unranked_candidates(gshape, device):
         if c.orient != "m_rows" or c.tile_k_l2:  # the packed weight path is per column, IRON's orientation only
             continue
-        own = {f.name for f in fields(Config)}
         cfg = Config(**{k: v for k, v in asdict(c).items() if k in own}, fmt=shape.fmt, block=shape.block)
         if fits(shape, cfg, device):
-            out.append(cfg)
-    return out
+            scored.append((cfg, modeled_estimate(shape, cfg, device, cal), padding))
+    return tuple(gemm.rank(scored))
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
-    cands = candidate_configs(shape, device)
+    """The best-ranked candidate (``gemm.rank``): vector kernel, fp32 accumulation, an exact tiling unless padding is
+    much faster, then the least modeled time."""
+    cands = _ranked(shape, device or npu2(), CALIBRATION)
     if not cands:
         raise _err(f"no quantized GEMM tiling fits {shape}; K chunks must hold whole {shape.block}-value blocks")
     return cands[0]

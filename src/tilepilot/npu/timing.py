@@ -527,10 +527,14 @@ def compute_cycles_per_call(
     return work + cal.loop_overhead_cycles
 
 
-def _busiest_channel(loads: Sequence[float], channels: int) -> float:
-    """Largest per-channel load when transfers (each on one channel) are spread over ``channels`` (LPT)."""
+def busiest_channel(loads: Sequence[float], channels: int) -> float:
+    """Largest per-channel load when transfers (each on one channel) are spread over ``channels`` (LPT). Loads are
+    non-negative; no more loads than channels is each on its own channel (the LPT result, without the loop: the
+    GEMM candidate ranking, ``kernels.gemm.modeled_estimate``, calls this thousands of times per shape)."""
     if not loads:
         return 0.0
+    if len(loads) <= max(channels, 1):
+        return max(0.0, float(max(loads)))
     bins = [0.0] * max(channels, 1)
     for x in sorted(loads, reverse=True):
         i = bins.index(min(bins))
@@ -547,13 +551,13 @@ def _worker_profile(w: _Worker, fifos: dict[str, _Fifo], dev: Device) -> _Worker
         # A fifo between neighbouring workers lives in shared tile memory: the core reads it, no DMA moves it.
         return 0.0 if fifos[f].shared else fifos[f].obj_bytes * acq.get(f, 1) / calls
 
-    dma_in = _busiest_channel([per_call(f) / bpc for f in w.inputs], dev.compute.s2mm_channels)
-    dma_out = _busiest_channel([per_call(f) / bpc for f in w.outputs], dev.compute.mm2s_channels)
+    dma_in = busiest_channel([per_call(f) / bpc for f in w.inputs], dev.compute.s2mm_channels)
+    dma_out = busiest_channel([per_call(f) / bpc for f in w.outputs], dev.compute.mm2s_channels)
     # Single-buffered fifos make the core wait: after a call releases its buffers, the refill of the inputs and
     # the drain of the outputs run in parallel (own channels), and the next call starts when both are done.
     serial = max(
-        _busiest_channel([per_call(f) / bpc for f in w.inputs if fifos[f].depth < 2], dev.compute.s2mm_channels),
-        _busiest_channel([per_call(f) / bpc for f in w.outputs if fifos[f].depth < 2], dev.compute.mm2s_channels),
+        busiest_channel([per_call(f) / bpc for f in w.inputs if fifos[f].depth < 2], dev.compute.s2mm_channels),
+        busiest_channel([per_call(f) / bpc for f in w.outputs if fifos[f].depth < 2], dev.compute.mm2s_channels),
     )
     return _WorkerProfile(
         w.name,
@@ -635,7 +639,7 @@ def _mem_tile_limits(
         outs += [fifo_bytes.get(f, 0.0) / bpc for f in lk.dsts]
     out = []
     for key, (ins, outs) in by_tile.items():
-        cyc = max(_busiest_channel(ins, dev.mem.s2mm_channels), _busiest_channel(outs, dev.mem.mm2s_channels))
+        cyc = max(busiest_channel(ins, dev.mem.s2mm_channels), busiest_channel(outs, dev.mem.mm2s_channels))
         out.append((key, cyc, "dma"))
     return out
 
@@ -654,8 +658,8 @@ def _shim_limits(s: Structure, fifos: dict[str, _Fifo], dev: Device, bpc: float)
     out = []
     for key, (fills, drains, scale) in by_tile.items():
         cyc = max(
-            _busiest_channel(list(fills.values()), dev.shim.mm2s_channels * scale),
-            _busiest_channel(list(drains.values()), dev.shim.s2mm_channels * scale),
+            busiest_channel(list(fills.values()), dev.shim.mm2s_channels * scale),
+            busiest_channel(list(drains.values()), dev.shim.s2mm_channels * scale),
         )
         out.append((key, cyc, "dma"))
     return out
