@@ -35,7 +35,7 @@ from tilepilot.errors import ConfigError, TilepilotError
 from tilepilot.kernels.registry import FAMILIES
 from tilepilot.model.zoo import get_zoo_model
 from tilepilot.npu.calibration import CALIBRATION, FITTED, SINGLE_SHOT_EXTRA_S, Calibration
-from tilepilot.npu.design import Design, MultiLaunchGroup
+from tilepilot.npu.design import Design, MultiLaunchGroup, fallbacks
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.timing import GroupProfile, group_profile, time_group_profile
 from tilepilot.npu.validate import DesignError, validate, validate_group
@@ -337,16 +337,32 @@ def closest_legal(
 ) -> tuple[Any, str]:
     """``wanted`` if its design is legal here; else the first legal config of ``first`` (hand-picked near
     equivalents); else the legal candidate nearest to it (log2 distance over numeric fields, ``keep`` fields
-    equal). Returns (config, note naming what changed)."""
+    equal). Returns (config, note naming what changed).
+
+    Legal here means legal as the kernel usually builds it: a design made legal only by a fallback construction
+    (``Design.meta``'s ``fallback``: eltwise's whole-object cuts and packed task groups, for long prompts) is not
+    taken while a usual one near it is. The frozen fit was timed before those existed, on the nearest usual
+    design (the 8388608-element residual add at chunk 1024, not its published 2048), so every row keeps the design
+    the fit was made on; a refit may take them as published. Only a row with no usual legal design gets the
+    fallback one, as published."""
+
+    def build(cfg: Any) -> Design | MultiLaunchGroup | None:
+        try:
+            obj = mod.make_design(shape, cfg, device)
+        except DesignError:
+            return None
+        return obj if _legal(obj) else None
 
     def legal(cfg: Any) -> bool:
-        try:
-            return _legal(mod.make_design(shape, cfg, device))
-        except DesignError:
-            return False
+        obj = build(cfg)
+        return obj is not None and not fallbacks(obj)
 
-    if legal(wanted):
+    as_published = build(wanted)
+    if as_published is not None and not fallbacks(as_published):
         return wanted, ""
+    why = "as published it breaks a rule of our validator"
+    if as_published is not None:
+        why = f"as published it needs the {' and '.join(fallbacks(as_published))} the frozen fit was timed without"
     w = dataclasses.asdict(wanted)
 
     def distance(cfg: Any) -> float:
@@ -363,7 +379,9 @@ def closest_legal(
     for cfg in ranked:
         if all(getattr(cfg, k) == getattr(wanted, k) for k in keep) and legal(cfg):
             changed = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(cfg).items() if w.get(k) != v)
-            return cfg, f"closest legal config ({changed}): as published it breaks a rule of our validator"
+            return cfg, f"closest legal config ({changed}): {why}"
+    if as_published is not None:
+        return wanted, f"as published, built with the {' and '.join(fallbacks(as_published))} (no usual design fits)"
     raise TilepilotError(f"No legal {mod.FAMILY} config near {wanted} for {shape}; the row cannot be modeled.")
 
 

@@ -19,12 +19,22 @@ import torch
 
 from tilepilot.kernels import rowwise as rw
 from tilepilot.npu import numerics as nx
-from tilepilot.npu.design import Design, ObjectFifo, Runtime, TensorSpec, Tile, TileKernel, Worker
-from tilepilot.npu.device import FIRST_COMPUTE_ROW, Device, npu2
+from tilepilot.npu.design import (
+    Design,
+    ObjectFifo,
+    Runtime,
+    TensorAccessPattern,
+    TensorSpec,
+    Tile,
+    TileKernel,
+    Worker,
+)
+from tilepilot.npu.device import FIRST_COMPUTE_ROW, SHIM_ROW, Device, npu2
 from tilepilot.npu.validate import CORE_STACK_BYTES, DesignError, legal_taps
 
 FAMILY = "eltwise"
 OPS = {"add": torch.add, "mul": torch.mul}
+STREAMS = (("fill", "a"), ("fill", "b"), ("drain", "c"))  # each worker's three DDR streams, in runtime order
 VARIANTS = rw.VARIANTS
 # Config fields with named choices (what a debug skill may switch one at a time).
 OPTIONS = {"variant": VARIANTS, "store": rw.STORES}
@@ -95,7 +105,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         raise _err(f"n={shape.n} is not a multiple of tiles x chunk = {config.tiles * config.chunk}; set pad=True")
     per_tile = n // config.tiles
     kernel = _kernel(shape, config)
-    fifos, workers, rt = [], [], Runtime()
+    fifos, workers = [], []
     for i in range(config.tiles):
         a, b, c = f"a_{i}", f"b_{i}", f"c_{i}"
         fifos += [ObjectFifo(x, (config.chunk,), "bf16", config.depth) for x in (a, b, c)]
@@ -109,9 +119,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
                 placement=tile_of(i, device),
             )
         )
-        for fifo, tensor, kind in ((a, "a", "fill"), (b, "b", "fill"), (c, "c", "drain")):
-            for tap in legal_taps((n,), i * per_tile, [per_tile], [1]):
-                (rt.fill if kind == "fill" else rt.drain)(fifo, tensor, tap)
+    rt, fallback = _runtime(n, config, device)
     design = Design(
         name=f"{shape.op}_{shape.n}",
         device=device,
@@ -124,7 +132,56 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         fast=rw.with_store(_fast(shape), config.store),
     )
     design.meta = rw.design_meta(design, FAMILY, shape, config, n, padded_shape={"n": n, "op": shape.op})
+    if fallback:  # only on designs the usual construction could not make legal: every other meta is as it was
+        design.meta["fallback"] = fallback
     return design
+
+
+def _runtime(n: int, config: Config, device: Device) -> tuple[Runtime, list[str]]:
+    """Each worker's slice filled from a and b and drained to c: stream by stream, all in one task group, unless that
+    needs more buffer descriptors than a shim has.
+
+    A slice longer than one pattern holds (1023 rows of up to 2046 elements) is cut into several patterns, on whole
+    objects where the plain cut would split one (``legal_taps``' ``whole``: a task must move whole objects). The
+    one-group runtime is what every length had before long prompts were supported, and it is kept whenever its
+    shims' BDs suffice, so every design legal before is unchanged (and so the calibration rows and modeled figures
+    timed from them). Only a slice of many patterns (a prime number of 64-element objects, say: ~9 per stream,
+    24-27 BDs on a 16-BD shim) falls back to ``_packed``. Also returns the fallbacks taken (``Design.meta``'s
+    ``fallback``), by name.
+    """
+    per_tile = n // config.tiles
+    slices = [legal_taps((n,), i * per_tile, [per_tile], [1], whole=config.chunk) for i in range(config.tiles)]
+    # every slice is cut alike (the cuts depend on its length only): the first one says whether the cuts moved
+    fallback = ["whole-object cuts"] if slices[0] != legal_taps((n,), 0, [per_tile], [1]) else []
+    per_shim: dict[int, int] = {}
+    for i, taps in enumerate(slices):
+        col = tile_of(i, device).col  # the shim the placer gives a worker's streams: its own column's
+        per_shim[col] = per_shim.get(col, 0) + len(STREAMS) * len(taps)
+    if max(per_shim.values()) > device.shim.bds:
+        return _packed(slices, device), [*fallback, "packed task groups"]
+    rt = Runtime()
+    for i, taps in enumerate(slices):
+        for kind, x in STREAMS:
+            for tap in taps:
+                (rt.fill if kind == "fill" else rt.drain)(f"{x}_{i}", x, tap)
+    return rt, fallback
+
+
+def _packed(slices: list[list[TensorAccessPattern]], device: Device) -> Runtime:
+    """``_runtime``'s tasks in as few task groups as the shims' BDs allow (``Runtime.packed``, as gemv and attention
+    do; each group boundary costs a pipeline fill and drain). A boundary falls between one pattern's a, b and c
+    tasks and the next's, so each group drains what it fills and no group waits on a later one; inside a group the
+    tasks keep the stream-by-stream order."""
+    units: dict[int, list[list[tuple[str, str, str, TensorAccessPattern]]]] = {}
+    shim_of: dict[str, Tile] = {}
+    for i, taps in enumerate(slices):
+        col = tile_of(i, device).col
+        shim_of |= {f"{x}_{i}": Tile(col, SHIM_ROW) for _, x in STREAMS}
+        units.setdefault(col, []).extend([[(kind, f"{x}_{i}", x, tap) for kind, x in STREAMS] for tap in taps])
+    rt = Runtime.packed(list(units.values()), device.shim.bds, shim_of)
+    rank = {fifo: r for r, fifo in enumerate(shim_of)}
+    rt.tasks.sort(key=lambda t: (t.group, rank[t.fifo]))  # stable: a stream's patterns stay in order
+    return rt
 
 
 def _fast(shape: Shape):

@@ -21,7 +21,7 @@ from typing import Any
 from tilepilot.errors import TilepilotError
 from tilepilot.kernels.registry import Registry, RegistryRow, as_dict, family
 from tilepilot.npu.calibration import CALIBRATION, Calibration
-from tilepilot.npu.design import Design, MultiLaunchGroup
+from tilepilot.npu.design import Design, MultiLaunchGroup, fallbacks
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.timing import time_group
 from tilepilot.npu.validate import Violation, validate, validate_group
@@ -125,6 +125,9 @@ def tune(
 ) -> TuneResult:
     """Best legal config for ``shape`` by modeled time; writes every legal candidate to ``registry``.
 
+    A candidate legal only by a fallback construction (``npu.design.fallbacks``) is taken only when no usual one is
+    legal; otherwise it counts as rejected ("fallback"), and the default's time is None if it is one.
+
     ``max_candidates`` bounds the search to the family's first N candidates (its own ranking), the
     default always included. If the shape was already tuned under this calibration, the registry answers.
     """
@@ -166,17 +169,12 @@ def tune(
     rejected: Counter[str] = Counter()
     timed: list[tuple[float, int, Any]] = []
     default_s: float | None = None
-    for i, cfg in enumerate(cands):
-        try:
-            obj = mod.make_design(shape, cfg, device)
-        except TilepilotError as e:
-            rejected[_code(e)] += 1
-            continue
-        problems = violations_of(obj)
-        if problems:
-            for code in sorted({v.code for v in problems}):
-                rejected[code] += 1
-            continue
+    # legal only by a fallback construction (``npu.design.fallbacks``): timed only if no usual design is legal, so
+    # a shape that had a legal design keeps its choice, registry rows and figures
+    later: list[tuple[int, Any, Design | MultiLaunchGroup]] = []
+
+    def record(i: int, cfg: Any, obj: Design | MultiLaunchGroup) -> None:
+        nonlocal default_s
         seconds = modeled_seconds(obj, cal)
         timed.append((seconds, i, cfg))
         if i == 0:
@@ -193,6 +191,27 @@ def tune(
                     notes="default" if i == 0 else "",
                 )
             )
+
+    for i, cfg in enumerate(cands):
+        try:
+            obj = mod.make_design(shape, cfg, device)
+        except TilepilotError as e:
+            rejected[_code(e)] += 1
+            continue
+        problems = violations_of(obj)
+        if problems:
+            for code in sorted({v.code for v in problems}):
+                rejected[code] += 1
+            continue
+        if fallbacks(obj):
+            later.append((i, cfg, obj))
+            continue
+        record(i, cfg, obj)
+    if not timed:  # no usual design is legal: the fallback ones compete
+        for i, cfg, obj in later:
+            record(i, cfg, obj)
+    elif later:
+        rejected["fallback"] += len(later)
     if not timed:
         raise TilepilotError(
             f"No {family_name} config for {shape_d} passes the validator ({dict(rejected)}); "

@@ -18,7 +18,9 @@ Relations are explicit and checkable rather than implied by call order:
 ``Design.meta`` conventions (read by the timing model and the registry): ``family``, ``shape`` (dict),
 ``config`` (dict), ``macs`` (total), ``ddr_read_bytes``, ``ddr_write_bytes``, and for padded kernels
 ``logical_shape``. ``Design.total_macs()`` / ``ddr_read_bytes()`` recompute the last three from the
-IR itself; tests hold the two equal.
+IR itself; tests hold the two equal. ``fallback`` (list of names), only where a kernel had to build a design
+otherwise than its usual way, because that one breaks a rule (eltwise's "whole-object cuts" and "packed task
+groups" for long prompts); see ``fallbacks``.
 """
 
 from __future__ import annotations
@@ -772,3 +774,14 @@ class MultiLaunchGroup:
                 problems.append(f"{where}: input already bound by {seen[key].src_launch}.{seen[key].src_tensor}")
             seen[key] = b
         return problems
+
+
+def fallbacks(obj: Design | MultiLaunchGroup) -> list[str]:
+    """The fallback constructions (``Design.meta``'s ``fallback``) a design, or any launch of a group, was built with.
+
+    A kernel builds a design otherwise than its usual way only where the usual one breaks a rule; a selector of
+    configs (the tuner, the calibration harness) takes such a design only when no usual one is legal, so adding a
+    fallback never changes which design a shape gets where one was legal before (nor the figures timed from it).
+    """
+    designs = obj.designs if isinstance(obj, MultiLaunchGroup) else [obj]
+    return [f for d in designs for f in d.meta.get("fallback", ())]

@@ -33,6 +33,7 @@ innermost transfer and offset must be whole 32-bit words; every element inside t
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -181,7 +182,12 @@ def _loop_problems(sizes: tuple[int, ...], strides: tuple[int, ...], dtype: str)
 
 
 def legal_taps(
-    tensor_shape: tuple[int, ...], offset: int, sizes: list[int], strides: list[int], dtype: str = "bf16"
+    tensor_shape: tuple[int, ...],
+    offset: int,
+    sizes: list[int],
+    strides: list[int],
+    dtype: str = "bf16",
+    whole: int = 1,
 ) -> list[TensorAccessPattern]:
     """Express an arbitrary loop nest over a DDR tensor as consecutive hardware-legal patterns (same element order).
 
@@ -189,13 +195,30 @@ def legal_taps(
     long outermost loop is cut into legal lengths; if the nest still does not fit, its outermost dimension
     is peeled into one pattern per index. Kernels use this so that they never hand the validator an
     illegal pattern they could have split.
+
+    ``whole``: the elements of one object of the fifo the patterns feed or drain. Each runtime task must move
+    whole objects (SHAPE_NOT_TILING), and the plain cut of a long loop (at 1023 rows, say) can end a piece inside
+    an object (QA: a 6001-token residual add of a 576-wide model). The plain patterns are returned whenever every
+    one of them holds whole objects, so a design that was legal keeps its patterns exactly; only when one does not
+    are the loop cut, and a long run folded, on whole objects instead (and kept if that fixes it).
     """
+    plain = _taps(tensor_shape, offset, sizes, strides, dtype, 1)
+    if whole == 1 or all(t.n_elements % whole == 0 for t in plain):
+        return plain
+    cut = _taps(tensor_shape, offset, sizes, strides, dtype, whole)
+    return cut if all(t.n_elements % whole == 0 for t in cut) else plain
+
+
+def _taps(
+    tensor_shape: tuple[int, ...], offset: int, sizes: list[int], strides: list[int], dtype: str, whole: int
+) -> list[TensorAccessPattern]:
+    """``legal_taps``' construction; with ``whole`` > 1 its cuts and fold keep whole ``whole``-element objects."""
     dims = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != 1]
     if not dims:
         dims = [(1, 1)]
     # fold a long contiguous innermost run: size n, stride 1 -> (n / b, b) with b the largest legal divisor
     s0, st0 = dims[-1]
-    if st0 == 1 and (b := _inner_block(s0, dtype)):
+    if st0 == 1 and (b := _inner_block(s0, dtype, whole)):
         dims[-1:] = [(s0 // b, b), (b, 1)]
     tap = TensorAccessPattern(tensor_shape, offset, tuple(d[0] for d in dims), tuple(d[1] for d in dims))
     if not tap_problems(tap, dtype):
@@ -207,29 +230,50 @@ def legal_taps(
     limit = TAP_MAX_REPEAT if len(dims) == TAP_MAX_DIMS else TAP_MAX_SIZE
     out: list[TensorAccessPattern] = []
     if len(dims) <= TAP_MAX_DIMS and size > limit:  # too long an outer loop: cut it into legal lengths
-        for start in range(0, size, limit):
-            n = min(limit, size - start)
-            out += legal_taps(
+        step = _whole_cut(limit, math.prod(d[0] for d in rest), whole)
+        for start in range(0, size, step):
+            n = min(step, size - start)
+            out += _taps(
                 tensor_shape,
                 offset + start * stride,
                 [n] + [d[0] for d in rest],
                 [stride] + [d[1] for d in rest],
                 dtype,
+                whole,
             )
         return out
     for i in range(size):  # otherwise peel the outermost loop into one pattern per index
-        out += legal_taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype)
+        out += _taps(tensor_shape, offset + i * stride, [d[0] for d in rest], [d[1] for d in rest], dtype, whole)
     return out
 
 
+def _whole_cut(limit: int, inner: int, whole: int) -> int:
+    """The longest cut of an outer loop, at most ``limit`` indices of ``inner`` elements each, whose pieces hold
+    whole ``whole``-element objects; ``limit`` itself when it already does (always with ``whole=1``), or when no
+    legal cut does (the validator then names the piece that splits an object)."""
+    per_object = whole // math.gcd(whole, inner)  # outer indices that make up a whole number of objects
+    return (limit // per_object) * per_object or limit
+
+
 @functools.lru_cache(maxsize=1 << 12)
-def _inner_block(run: int, dtype: str) -> int:
+def _inner_block(run: int, dtype: str, whole: int = 1) -> int:
     """The largest legal innermost size dividing a contiguous ``run`` too long for one dimension (0: none needed or
-    none exists); cached because every chunk of a tiled tensor asks for the same few runs."""
+    none exists); cached because every chunk of a tiled tensor asks for the same few runs.
+
+    With ``whole`` > 1, if the rows of that size are too many for one dimension and no cut of them holds whole
+    ``whole``-element objects (rows of 1028 elements and objects of 4096: only a multiple of 1024 rows would), the
+    largest size whose rows can be cut into whole objects instead (1024 for that run)."""
     max_inner = int(TAP_MAX_SIZE * WORD_BYTES / _dtype_bytes(dtype))
     if run <= max_inner:
         return 0
-    return next((d for d in range(max_inner, 0, -1) if run % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0), 0)
+    sizes = [d for d in range(max_inner, 0, -1) if run % d == 0 and (d * _dtype_bytes(dtype)) % WORD_BYTES == 0]
+    if not sizes:
+        return 0
+
+    def cuttable(b: int) -> bool:
+        return run // b <= TAP_MAX_SIZE or whole // math.gcd(whole, b) <= TAP_MAX_SIZE
+
+    return next((b for b in sizes if cuttable(b)), sizes[0])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
