@@ -30,7 +30,7 @@ bits must not depend on M, which is a prompt chunk's length (``numerics.row_bloc
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Protocol, TypeVar
 
@@ -567,11 +567,7 @@ def default_config(shape: Shape, device: Device | None = None) -> Config:
 
 @functools.lru_cache(maxsize=512)
 def _default(shape: Shape, device: Device, cal: Calibration) -> Config:
-    ranked = rank(
-        (cfg, modeled_estimate(shape, cfg, device, cal, padded=p), padding)
-        for cfg, p, padding in unranked_candidates(shape, device)
-        if (cfg.variant, cfg.acc) == ("vector", "fp32")
-    )
+    ranked = rank(_scored(shape, device, cal, numerics=("vector", "fp32")))
     if not ranked:
         raise _err(f"no GEMM tiling fits {shape}; the shape is too small or too oddly sized for any candidate")
     return ranked[0]
@@ -581,12 +577,17 @@ def _default(shape: Shape, device: Device, cal: Calibration) -> Config:
 def _ranked(shape: Shape, device: Device, cal: Calibration) -> tuple[Config, ...]:
     """The ranked candidates of a shape. Cached, as ``_default`` is: a plan asks for the same few shapes once per
     layer, and ranking estimates every candidate (~2,600 for a large GEMM, tens of microseconds each)."""
-    return tuple(
-        rank(
-            (cfg, modeled_estimate(shape, cfg, device, cal, padded=p), padding)
-            for cfg, p, padding in unranked_candidates(shape, device)
-        )
-    )
+    return tuple(rank(_scored(shape, device, cal)))
+
+
+def _scored(
+    shape: Shape, device: Device, cal: Calibration, numerics: tuple[str, str] | None = None
+) -> Iterator[tuple[Config, float, float]]:
+    """(config, modeled seconds, padding) of the shape's candidates, of one (variant, acc) when ``numerics`` names
+    it: what ``rank`` orders."""
+    for cfg, p, padding in unranked_candidates(shape, device):
+        if numerics is None or (cfg.variant, cfg.acc) == numerics:
+            yield cfg, modeled_estimate(shape, cfg, device, cal, padded=p), padding
 
 
 @functools.lru_cache(maxsize=512)
