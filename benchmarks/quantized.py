@@ -47,7 +47,7 @@ from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
-from tilepilot.plan.merge import merged_stage, split_stage
+from tilepilot.plan.merge import merged_stage, packing_alternatives
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.plan.resident import fit_resident
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -139,8 +139,7 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     once, no design switch; the configs that do not fit together replaced by ``plan.resident.fit_resident``), or
     the switched one when no packing is found."""
     fits = []
-    split = split_stage(plan)  # as resident-decode does: also with the merged RoPE launches split
-    for alt in (plan, split) if split else (plan,):
+    for alt, _ in packing_alternatives(plan):  # as resident-decode does: also with merged RoPE / bias launches split
         try:
             fits.append(fit_resident(alt, spec)[0])
         except DesignError as e:

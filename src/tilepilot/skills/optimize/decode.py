@@ -41,7 +41,7 @@ from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
-from tilepilot.plan.merge import merged_stage, split_stage
+from tilepilot.plan.merge import merged_stage, packing_alternatives
 from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
@@ -170,10 +170,9 @@ class ResidentDecode(PlanOptimization):
             base = fused_stage(ctx.plan, stage)
             base.stage(stage).kv_windows = window_ladder(max(base.stage(stage).kv_windows))
         fused = "" if st.one_dispatch else " (from per-group dispatches, windowed KV readback)"
-        # the pass as it is, then with its merged RoPE launches split (``plan.merge.split_stage``): each is kept only
-        # when faster than the plan of the moment, so the second wins only where it packs better than the first
-        split = split_stage(base, stage)
-        for alt, how in ((base, ""), *(((split, " with Q's and K's RoPE as separate launches"),) if split else ())):
+        # the pass as it is, then with its merged RoPE and/or bias launches split (``plan.merge.packing_alternatives``):
+        # each is kept only when faster than the plan of the moment, so a split wins only where it packs better
+        for alt, how in packing_alternatives(base, stage):
             try:
                 new, changes = _fit_with_bindings(alt, stage, ctx.settings.gate_prompt_len)
             except DesignError as e:
