@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.harness.quant_quality import quantization_quality
-from tilepilot.kernels.bind import MergedLinear
+from tilepilot.kernels.bind import merged_launch
 from tilepilot.kernels.registry import family
 from tilepilot.kernels.tuning import tune
 from tilepilot.model.checkpoint import load_checkpoint
@@ -47,7 +47,7 @@ from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
-from tilepilot.plan.merge import merged_stage, packing_alternatives
+from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.plan.resident import fit_resident
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -105,7 +105,7 @@ def tuned(plan: DeploymentPlan, spec: ModelSpec) -> DeploymentPlan:
             node = graph.node(c.op)
             n, k = weight_shape(spec, node.weights[0] if node.kind == "linear" else "lm_head")
             if c.op in first:
-                shape = MergedLinear(tuple(graph.node(o) for o in first[c.op])).shape(c.family, spec, 1, c.config)
+                shape = merged_launch(tuple(graph.node(o) for o in first[c.op])).shape(c.family, spec, 1, c.config)
             elif c.family == "gemv":
                 shape = family("gemv").Shape(n=n, k=k, m=1)
             else:
@@ -125,7 +125,17 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     plan.decode.kv_windows = window_ladder(max(plan.decode.kv_windows))
     plan = merged_stage(plan) or plan
     plan.name = f"tilepilot-{label}"
-    return tuned(plan, spec)
+    plan = tuned(plan, spec)
+    # rmsnorm-prologue, kept only when it makes this pass faster (as the decode phase keeps a skill)
+    normed = normed_stage(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
+    if normed is not None:
+        normed = tuned(normed, spec)
+        if (
+            time_plan(normed, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
+            < time_plan(plan, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
+        ):
+            return normed
+    return plan
 
 
 def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill: bool) -> DeploymentPlan:

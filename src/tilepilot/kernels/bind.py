@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -142,8 +142,23 @@ def _qgemm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     return mod.crop_outputs(design, design.fast(ins))["c"]
 
 
+class _Merged:
+    """What every merged launch shares: by default it reads its members' first inputs (one x for a multi-matrix
+    GEMV) and writes every member's output, in ``run``'s order."""
+
+    members: tuple[OpNode, ...]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n.inputs[0] for n in self.members))
+
+    @property
+    def writes(self) -> tuple[OpNode, ...]:
+        return self.members
+
+
 @dataclass(frozen=True)
-class MergedLinear:
+class MergedLinear(_Merged):
     """One multi-matrix launch serving several linear ops that read the same input (``KernelGroup.merged``): its
     family shape concatenates the matrices' output rows (``Shape.parts``), ``run`` returns each op's output."""
 
@@ -173,7 +188,7 @@ class MergedLinear:
 
 
 @dataclass(frozen=True)
-class MergedRope:
+class MergedRope(_Merged):
     """One RoPE launch serving several RoPE ops of a group (Q's and K's): their heads side by side in one launch
     over the one position table. Each element is rotated on its own (``kernels/rope.py``), so the outputs are
     bit-identical to the separate launches; what changes is one launch and one table stream instead of several."""
@@ -194,7 +209,7 @@ class MergedRope:
 
 
 @dataclass(frozen=True)
-class MergedBias:
+class MergedBias(_Merged):
     """One bias launch serving several bias ops of a group (Qwen2's Q, K and V biases): their inputs side by side
     and their bias vectors concatenated the same way. Each element gets its own column's bias (``kernels/bias.py``),
     so the outputs are bit-identical to the separate launches; what changes is one launch and one held vector
@@ -214,16 +229,74 @@ class MergedBias:
         return list(torch.split(y, [int(x.shape[1]) for x in inputs], dim=1))
 
 
-MergedLaunch = MergedLinear | MergedRope | MergedBias
+@dataclass(frozen=True)
+class NormedLinear(_Merged):
+    """One GEMV launch serving the linear ops that read an RMSNorm's output *and* that norm (the run's last member):
+    every worker normalizes its resident x with the rmsnorm kernel's arithmetic before its first call
+    (``kernels.gemv.resident_x``), so the outputs equal the norm launch followed by the GEMV launch bit for bit,
+    and the norm's launch, its DDR round trip and its fill and drain are saved. The norm's own output is not
+    written: only the run's linear ops read it (``plan.merge_problems``)."""
+
+    members: tuple[OpNode, ...]
+
+    @property
+    def linears(self) -> tuple[OpNode, ...]:
+        return self.members[:-1]
+
+    @property
+    def norm(self) -> OpNode:
+        return self.members[-1]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return (self.norm.inputs[0],)
+
+    @property
+    def writes(self) -> tuple[OpNode, ...]:
+        return self.linears
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        if family not in ("gemv", "qgemv") or "norm_eps" not in {f.name for f in fields(family_module(family).Shape)}:
+            raise ConfigError(f"{family} has no RMSNorm prologue; ops {[n.op for n in self.members]} cannot merge")
+        if len(self.linears) > 1:
+            inner = MergedLinear(self.linears).shape(family, spec, rows, config)
+        else:
+            inner = _linear_shape(self.linears[0], family, spec, rows, config)
+        return replace(inner, norm_eps=spec.rms_eps)
+
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        """``inputs``: the norm's input; ``weights``: the linear ops' (packed) matrices, then the norm's weight."""
+        *mats, g = weights
+        names = [f"w{j}" for j in range(len(mats))] if len(mats) > 1 else ["w"]
+        out = design.fast({"x": inputs[0], "g": g, **dict(zip(names, mats, strict=True))})
+        return [out[f"y{j}"] for j in range(len(mats))] if len(mats) > 1 else [out["y"]]
+
+
+def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+    """The family shape of one linear (or LM head) op on the GEMV families."""
+    n, k = weight_shape(spec, node.weights[0])
+    if family == "gemv":
+        return family_module("gemv").Shape(n=n, k=k, m=rows)
+    return family_module("qgemv").Shape(n=n, k=k, m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32))
+
+
+MergedLaunch = MergedLinear | MergedRope | MergedBias | NormedLinear
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
+# op kinds whose GEMV launch can take an RMSNorm prologue (``NormedLinear``)
+NORMED_KINDS = ("linear", "lm_head")
 
 
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
-    ops, one bias launch for bias ops."""
+    ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read: one GEMV launch
+    with that norm as its prologue."""
     kinds = {n.kind for n in members}
     if len(kinds) == 1 and next(iter(kinds)) in _MERGED_BY_KIND:
         return _MERGED_BY_KIND[next(iter(kinds))](members)
+    if len(members) >= 2 and members[-1].kind == "rmsnorm" and all(n.kind in NORMED_KINDS for n in members[:-1]):
+        return NormedLinear(members)
     raise ConfigError(f"ops {[n.op for n in members]} ({sorted(kinds)}) cannot share one launch")
 
 

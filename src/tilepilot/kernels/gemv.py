@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from tilepilot.kernels import rmsnorm
+from tilepilot.kernels.rmsnorm import normalize_rows
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import (
     Acquire,
@@ -424,8 +426,17 @@ def matvec_dataflow(
     blocks = [rows * t.column(c)[1] for c in range(cols)]  # output rows column c produces per iteration
     starts = [sum(blocks[:c]) for c in range(cols)]
     iters = sum(nj // total for nj in shape.matrices())
-    if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides)
-        x = Fifo("x", (m, k), "bf16", 1, shim_placement=Tile(0, SHIM_ROW), rides_with="w_0_0", role=f"{worker}.x")
+    normed = prenormed(shape)
+    if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides); + the norm weight's row
+        x = Fifo(
+            "x",
+            (m + int(normed), k),
+            "bf16",
+            1,
+            shim_placement=Tile(0, SHIM_ROW),
+            rides_with="w_0_0",
+            role=f"{worker}.x",
+        )
         fifos: list[Fifo] = [x]
     else:
         x_col = cols if t.channels == 2 and not t.tile_m0 else 0
@@ -489,6 +500,8 @@ def matvec_dataflow(
                 run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1])]
             elif not runs:
                 run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [m, k], [k, 1])]
+                if normed:  # the same object's last row, from the norm weight: one BD chain on x's channel
+                    run += [("fill", "x", "g", tap) for tap in stream_taps((k,), 0, [k], [1])]
             for c in range(cols):
                 (ch, tm), block = t.column(c), blocks[c]
                 sub = block // ch
@@ -528,6 +541,37 @@ def resident_x_program(blocks: int, ksteps: int) -> Callable[[Worker], Iterator[
     return program
 
 
+def prenormed(shape: Any) -> bool:
+    """Whether the launch normalizes x first (``Shape.norm_eps``: RMSNorm as the launch's prologue)."""
+    return getattr(shape, "norm_eps", None) is not None
+
+
+def resident_x(x: torch.Tensor, shape: Any, ctx: Any) -> torch.Tensor:
+    """The x a call multiplies: the buffer itself, or for a prenormed launch (x resident, its last row the norm
+    weight) the RMSNorm of x, computed once per worker into its scratch before the first call (the rmsnorm kernel's
+    own arithmetic, ``rmsnorm.normalize_rows``, so the launch equals RMSNorm then GEMV bit for bit)."""
+    if not prenormed(shape):
+        return x
+    if "xn" not in ctx.scratch:
+        ctx.scratch["xn"] = normalize_rows(x[:-1], x[-1], shape.norm_eps)
+    return ctx.scratch["xn"]
+
+
+def prologue_meta(shape: Any) -> dict[str, Any] | None:
+    """``design.meta["prologue"]`` of a prenormed launch: each worker's one-time RMSNorm of its resident x, costed
+    as the rmsnorm kernel's per-element and per-row work (``npu.timing``: it lengthens the fill)."""
+    if not prenormed(shape):
+        return None
+    m, k = shape.m, shape.k
+    ops = m * (k * rmsnorm.OPS_PER_ELEMENT + rmsnorm.OPS_PER_ROW)
+    return {"family": rmsnorm.FAMILY, "vector_ops": ops, "bytes": 2 * 2 * m * k + 2 * k}
+
+
+def prenorm_local_bytes(shape: Any) -> int:
+    """L1 a prenormed worker holds beside its resident x object: the normalized copy of x."""
+    return 2 * shape.m * shape.k if prenormed(shape) else 0
+
+
 def x_chunk(x: torch.Tensor, tile_k: int, step: int) -> torch.Tensor:
     """Chunk ``step`` of x for a call: the buffer itself when x streams in chunks, its slice when x is resident."""
     return x if x.shape[-1] == tile_k else x[..., step * tile_k : (step + 1) * tile_k]
@@ -537,7 +581,7 @@ def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], 
     """The DDR inputs (x, each matrix's weights) and outputs (each matrix's y) of a matrix-vector launch."""
     names = tensor_names(shape)
     mats = shape.matrices()
-    inputs = [TensorSpec("x", (shape.m, shape.k))]
+    inputs = [TensorSpec("x", (shape.m, shape.k))] + ([TensorSpec("g", (shape.k,))] if prenormed(shape) else [])
     inputs += [TensorSpec(w, (nj, stream.row), stream.dtype) for nj, (w, _) in zip(mats, names, strict=True)]
     outputs = [TensorSpec(y, (shape.m, nj)) for nj, (_, y) in zip(mats, names, strict=True)]
     return inputs, outputs

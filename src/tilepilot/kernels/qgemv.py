@@ -39,18 +39,24 @@ from tilepilot.kernels.gemv import (
     matvec_dataflow,
     matvec_tensors,
     parts_suffix,
+    prenorm_local_bytes,
+    prenormed,
+    prologue_meta,
+    resident_x,
     tensor_names,
     tile_fits,
     tile_k_choices,
     x_chunk,
     x_must_ride,
 )
+from tilepilot.kernels.rmsnorm import normalize_rows
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.validate import CORE_STACK_BYTES, WORD_BYTES, DesignError, Violation
 from tilepilot.oracle.ops import linear
+from tilepilot.oracle.ops import rmsnorm as rms_reference
 
 FAMILY = "qgemv"
 VARIANTS = ("vector",)
@@ -62,7 +68,9 @@ DEQUANT_OPS = {"q4_0": 3, "q4_1": 4, "q8_0": 2}
 @dataclass(frozen=True)
 class Shape:
     """``parts``: a multi-matrix launch (e.g. Q/K/V, gate/up: matrices reading the same x), the output rows of each
-    matrix, summing to ``n``; empty = one matrix of ``n`` rows (tensors ``w``/``y``; parts: ``w0``.. / ``y0``..)."""
+    matrix, summing to ``n``; empty = one matrix of ``n`` rows (tensors ``w``/``y``; parts: ``w0``.. / ``y0``..).
+    ``norm_eps``: the launch's x is the *input* of an RMSNorm (weight tensor ``g``) that every worker applies to its
+    resident x before the first call (``gemv.resident_x``): the norm's own launch is saved. Needs ``x_rides``."""
 
     n: int
     k: int
@@ -70,6 +78,7 @@ class Shape:
     fmt: str = "q4_0"
     block: int = 32
     parts: tuple[int, ...] = ()
+    norm_eps: float | None = None
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
@@ -112,7 +121,8 @@ def l1_bytes(shape: Shape, config: Config) -> int:
     (AIR's ``proj_qmm`` keeps only its 32-float accumulator beside the packed block), so L1 holds packed bytes."""
     tm, tk, m = max(config.tile_m, config.tile_m0), config.tile_k, shape.m
     w = config.depth * tm * chunk_bytes(shape, tk)
-    x = 2 * m * shape.k if config.x_rides else 2 * 2 * m * tk  # resident whole x, or a double-buffered chunk
+    x = 2 * (m + prenormed(shape)) * shape.k if config.x_rides else 2 * 2 * m * tk  # resident x (+ g), or chunks
+    x += prenorm_local_bytes(shape)
     return w + x + 2 * 2 * m * tm + 4 * m * tm + CORE_STACK_BYTES
 
 
@@ -139,6 +149,8 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.tile_m0 < 0:
         raise _err(f"tile_m0 {config.tile_m0} must be 0 (even split) or a row count")
     check_parts(shape, config.tiling().rows_per_iteration(), _err)
+    if prenormed(shape) and not config.x_rides:
+        raise _err("a launch with an RMSNorm prologue normalizes a resident x: it needs x_rides (2 weight channels)")
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -152,7 +164,7 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
     def qmatvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         wq, x = ins
         (y,) = outs
-        x = x_chunk(x, tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
+        x = x_chunk(resident_x(x, shape, ctx), tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
         w = dequantize_packed(wq, fmt, block).to(torch.bfloat16)  # decode in the tile, one bf16 rounding
         if ctx.first:
             ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
@@ -182,14 +194,15 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     kernels = {t: _kernel(shape, config, t) for t in {tm, config.tile_m0} if t}
 
     def local(rows: int) -> int:
-        return 4 * m * rows  # the fp32 accumulator (blocks are decoded in registers, l1_bytes)
+        return 4 * m * rows + prenorm_local_bytes(shape)  # fp32 accumulator (blocks decode in registers), normed x
 
     fifos, links, workers, rt = matvec_dataflow(
         shape, config.tiling(), stream, kernels.__getitem__, "qmv", local, device
     )
     inputs, outputs = matvec_tensors(shape, stream)
+    points = ("prologue:rmsnorm(fp32)->bf16",) if prenormed(shape) else ()
     design = Design(
-        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}",
+        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}{'_rms' if points else ''}",
         device=device,
         inputs=inputs,
         outputs=outputs,
@@ -198,7 +211,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         workers=workers,
         runtime=rt,
         numerics=nx.Numerics(
-            "bf16", "fp32", tk, "bf16", (f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16")
+            "bf16", "fp32", tk, "bf16", (*points, f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16")
         ),
         fast=_fast(shape, config),
     )
@@ -212,6 +225,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         "ddr_write_bytes": design.ddr_write_bytes(),
         "weight_bytes": n * rb,
     }
+    if prenormed(shape):
+        design.meta["prologue"] = prologue_meta(shape)
     return design
 
 
@@ -221,21 +236,24 @@ def _fast(shape: Shape, config: Config):
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
         out = {}
+        x = inputs["x"] if not prenormed(shape) else normalize_rows(inputs["x"], inputs["g"], shape.norm_eps)
         for w_t, y_t in tensor_names(shape):
             w = deployed_packed(inputs[w_t], shape.fmt, shape.block)
-            out[y_t] = nx.matmul(inputs["x"], w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
+            out[y_t] = nx.matmul(x, w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
         return out
 
     return fast
 
 
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
-    """FP32 y = x @ deployed(W)^T (the dequantized weights rounded to bf16, as the deployment defines them)."""
+    """FP32 y = x @ deployed(W)^T (the dequantized weights rounded to bf16, as the deployment defines them); with an
+    RMSNorm prologue, of the FP32 RMSNorm of x (``oracle.ops.rmsnorm``)."""
     shape = shape or Shape(1, 1)
     out = {}
+    x = inputs["x"] if not prenormed(shape) else rms_reference(inputs["x"], inputs["g"], shape.norm_eps)
     for w_t, y_t in tensor_names(shape):
         w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
-        out[y_t] = linear(inputs["x"], w)
+        out[y_t] = linear(x, w)
     return out
 
 
@@ -254,7 +272,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                 for tm in TILE_M_CHOICES:
                     for tk in ks:
                         for depth in (2, 1):
-                            rides = x_must_ride(cols, ch, device)
+                            rides = x_must_ride(cols, ch, device) or (prenormed(shape) and ch == 2)
                             cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows, x_rides=rides)
                             if fits(shape, cfg, device):
                                 out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
@@ -294,13 +312,14 @@ def default_config(
     """The GEMV's default (8 columns, one row, biggest chunks that fit), one weight channel per column; ``cols``,
     ``channels`` and ``rows`` fix those choices (a plan may name them and leave the tiles to the default)."""
     device = device or npu2()
+    channels = 2 if prenormed(shape) else channels  # a prologue needs a resident x, which rides a second channel
     col_choices = (cols,) if cols else (8, 4, 2, 1)
     for c in col_choices:
         if c > device.columns:
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                rides = x_must_ride(c, channels, device)
+                rides = x_must_ride(c, channels, device) or prenormed(shape)
                 cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows, x_rides=rides)
                 if fits(shape, cfg, device):
                     return cfg

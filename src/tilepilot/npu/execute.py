@@ -167,13 +167,26 @@ class _Proc:
     acquired: dict[str, int] = field(default_factory=dict)
 
 
-def _fill(task: RuntimeTask, fifo: ObjectFifo, ddr: torch.Tensor) -> Iterator:
+def _fill(task: RuntimeTask, fifo: ObjectFifo, ddr: torch.Tensor, partial: dict[str, tuple]) -> Iterator:
+    """Fill whole objects; a task that ends inside an object leaves it acquired in ``partial`` for the next task of
+    the fifo, which completes and releases it: a chain of buffer descriptors on one shim channel gathering one
+    object from several tensors (a fused RMSNorm's x and norm weight, ``kernels.gemv.matvec_dataflow``)."""
     idx = torch.from_numpy(task.tap.indices())
     n = fifo.obj_elements
-    for j in range(len(idx) // n):
-        bufs = yield Acquire(task.fifo, 1)
-        bufs[0].view(-1).copy_(ddr[idx[j * n : (j + 1) * n]])
-        yield Release(task.fifo, 1)
+    pos = 0
+    while pos < len(idx):
+        if task.fifo in partial:
+            buf, filled = partial.pop(task.fifo)
+        else:
+            (buf,) = yield Acquire(task.fifo, 1)
+            filled = 0
+        take = min(n - filled, len(idx) - pos)
+        buf.view(-1)[filled : filled + take] = ddr[idx[pos : pos + take]]
+        pos, filled = pos + take, filled + take
+        if filled < n:
+            partial[task.fifo] = (buf, filled)
+        else:
+            yield Release(task.fifo, 1)
 
 
 def _drain(task: RuntimeTask, fifo: ObjectFifo, ddr: torch.Tensor) -> Iterator:
@@ -219,6 +232,7 @@ class _Machine:
             for f in design.fifos
         }
         self.scratch: dict[str, dict] = {w.name: {} for w in design.workers}
+        self.partial: dict[str, tuple] = {}  # fifo -> (object, elements filled) a fill task left open (_fill)
         self.workers = [
             _Proc(
                 w.name,
@@ -243,7 +257,10 @@ class _Machine:
 
     def task_proc(self, task: RuntimeTask) -> _Proc:
         fifo = self.fifos[task.fifo]
-        gen = (_fill if task.kind == "fill" else _drain)(task, fifo, self.ddr[task.tensor])
+        if task.kind == "fill":
+            gen = _fill(task, fifo, self.ddr[task.tensor], self.partial)
+        else:
+            gen = _drain(task, fifo, self.ddr[task.tensor])
         role = "prod" if task.kind == "fill" else "cons"
         return _Proc(f"{task.kind} {task.tensor}->{task.fifo}", "task", gen, {task.fifo: role}, "shim")
 

@@ -219,6 +219,9 @@ class Structure:
     # (round trips per worker iteration, bytes each way): state a worker sends out and must get back before it goes
     # on (a GEMM's partial sums per L2 K tile, ``design.meta["spill"]``); paid serially, through the tile's DMA
     spill: tuple[int, int] = (0, 0)
+    # (family, vector ops, bytes touched) of the work every worker does once before its first call, on data that
+    # has arrived (a fused RMSNorm normalizing its resident x, ``design.meta["prologue"]``); it lengthens the fill
+    prologue: tuple[str, int, int] = ("", 0, 0)
 
 
 def structure(design: Design) -> Structure:
@@ -264,7 +267,12 @@ def structure(design: Design) -> Structure:
         tasks=tuple(tasks),
         meta_ddr_bytes=(int(meta.get("ddr_read_bytes", 0) or 0), int(meta.get("ddr_write_bytes", 0) or 0)),
         spill=tuple(int(v) for v in meta.get("spill", (0, 0))),
+        prologue=_prologue(meta.get("prologue")),
     )
+
+
+def _prologue(p: dict | None) -> tuple[str, int, int]:
+    return ("", 0, 0) if not p else (str(p["family"]), int(p["vector_ops"]), int(p["bytes"]))
 
 
 def _shared_memory_fifos(design: Design) -> set[str]:
@@ -398,6 +406,7 @@ class DesignProfile:
     n_groups: int
     macs: int
     spill: tuple[int, int] = (0, 0)
+    prologue: tuple[str, int, int] = ("", 0, 0)
 
     @functools.cached_property
     def distinct_workers(self) -> tuple[_WorkerProfile, ...]:
@@ -426,7 +435,9 @@ def _profile(s: Structure) -> DesignProfile:
     drains = _pareto({p for w in s.workers for f in w.outputs for p in _paths(f, s, fifos, bpc, _consumer_link)})
     macs = sum(w.macs_per_call * w.calls_per_iteration * w.iterations for w in s.workers)
     groups = len({t.group for t in s.tasks})
-    return DesignProfile(dev, s.family, workers, fixed, shim, ddr_read, ddr_write, fills, drains, groups, macs, s.spill)
+    return DesignProfile(
+        dev, s.family, workers, fixed, shim, ddr_read, ddr_write, fills, drains, groups, macs, s.spill, s.prologue
+    )
 
 
 def profile(design: Design) -> DesignProfile:
@@ -458,7 +469,7 @@ def evaluate(p: DesignProfile, cal: Calibration, *, detail: bool = True) -> Desi
 
     resource, steady, bound = max(limits, key=lambda x: x[1]) if limits else ("none", 0.0, "compute")
     hop = cal.dma_hop_latency_cycles
-    fill = max((n * hop + b for n, b in p.fill_paths), default=0.0)
+    fill = max((n * hop + b for n, b in p.fill_paths), default=0.0) + _prologue_cycles(p, cal)
     drain = max((n * hop + b for n, b in p.drain_paths), default=0.0)
     bubbles = max(p.n_groups - 1, 0) * (fill + drain)
     cycles = fill + steady + drain + bubbles
@@ -478,6 +489,16 @@ def evaluate(p: DesignProfile, cal: Calibration, *, detail: bool = True) -> Desi
         limits=tuple((name, cyc) for name, cyc, _ in limits),
         clock_hz=dev.clock_hz,
     )
+
+
+def _prologue_cycles(p: DesignProfile, cal: Calibration) -> float:
+    """Cycles of the workers' one-time prologue, at the efficiency of the family whose arithmetic it is (a fused
+    RMSNorm costs what the RMSNorm kernel's own inner loop costs per element); paid after the first data arrive and
+    before the first call, so it adds to the fill (no overlap with the weight stream is assumed)."""
+    family, ops, nbytes = p.prologue
+    if not ops:
+        return 0.0
+    return compute_cycles_per_call("vector", 0, ops, nbytes, family, p.device, cal)
 
 
 def _pareto(paths: set[tuple]) -> tuple[tuple, ...]:

@@ -357,6 +357,7 @@ def _runtime(design: Design) -> list[Violation]:
     # names are unique and known here (validate checks _names first); a GEMM runtime has thousands of tasks
     fifos = {f.name: f for f in design.fifos}
     tensors = {t.name: t for t in design.inputs + design.outputs}
+    open_fill: dict[tuple[str, int], tuple[int, str]] = {}  # (fifo, task group) -> (elements filled, last task)
     for t in design.runtime.tasks:
         f, spec = fifos[t.fifo], tensors[t.tensor]
         where = f"runtime {t.kind} {t.tensor} <-> fifo {t.fifo}"
@@ -372,16 +373,22 @@ def _runtime(design: Design) -> list[Violation]:
             )
         for p in tap_problems(t.tap, spec.dtype):
             out.append(Violation("TAP_LIMIT", f.shim_placement, f"{where}: access pattern {p}"))
-        if t.tap.n_elements % f.obj_elements:
-            out.append(
-                Violation(
-                    "SHAPE_NOT_TILING",
-                    None,
-                    f"{where} moves {t.tap.n_elements} elements, not a whole number "
-                    f"of {f.obj_elements}-element objects",
-                )
-            )
+        if t.kind == "fill":  # fills may gather one object from several tasks of a task group (a BD chain)
+            key = (t.fifo, t.group)
+            open_fill[key] = (open_fill.get(key, (0, where))[0] + t.tap.n_elements, where)
+        elif t.tap.n_elements % f.obj_elements:
+            out.append(_not_whole(where, t.tap.n_elements, f.obj_elements))
+    for (fifo, _), (n, where) in open_fill.items():
+        if n % fifos[fifo].obj_elements:
+            out.append(_not_whole(where, n, fifos[fifo].obj_elements, " (with the fills before it in its group)"))
     return out
+
+
+def _not_whole(where: str, n: int, obj: int, chain: str = "") -> Violation:
+    """A DMA that stops inside an object: its consumer would wait for the rest for ever."""
+    return Violation(
+        "SHAPE_NOT_TILING", None, f"{where} moves {n} elements{chain}, not a whole number of {obj}-element objects"
+    )
 
 
 def _links(design: Design) -> list[Violation]:

@@ -29,7 +29,7 @@ from tilepilot.kernels.registry import family
 from tilepilot.model.graph import block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import MERGED_KIND, DeploymentPlan, KernelGroup, merge_problems
+from tilepilot.plan.plan import MERGED_KIND, NORMED_FAMILIES, DeploymentPlan, KernelGroup, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
 Tuner = Callable[[str, Any], dict[str, Any]]
@@ -124,21 +124,73 @@ def split_stage(
     plan: DeploymentPlan, stage: str = "decode", kinds: tuple[str, ...] = ("rope",)
 ) -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` runs its merged runs of these op kinds as separate launches again (None when
-    it has none). A merged launch is a packing choice as well as a launch saved: Q's and K's RoPE in one launch hold
-    all their heads on one tile (Llama-3.2-3B: 34 KB of L1 where the separate launches hold 26 and 10 KB on tiles of
-    their own), which can leave a resident pass worse configs elsewhere; ``resident-decode`` fits both."""
+    it has none); "rmsnorm" takes the norm out of a GEMV launch that runs it as its prologue (``normed_stage``).
+    A merged launch is a packing choice as well as a launch saved: Q's and K's RoPE in one launch hold all their
+    heads on one tile (Llama-3.2-3B: 34 KB of L1 where the separate launches hold 26 and 10 KB on tiles of their
+    own), which can leave a resident pass worse configs elsewhere; ``resident-decode`` fits both."""
     graph = block_graph(plan.model_spec())
     new = copy.deepcopy(plan)
     changed = False
     for g in new.stage(stage).groups():
-        keep = [m for m in g.merged if graph.node(m[0]).kind not in kinds]
-        changed |= len(keep) != len(g.merged)
+        keep = []
+        for m in g.merged:
+            if graph.node(m[-1]).kind == "rmsnorm" and "rmsnorm" in kinds:  # a norm prologue: the GEMV run stays
+                keep += [m[:-1]] if len(m) > 2 else []
+            elif graph.node(m[0]).kind not in kinds or graph.node(m[-1]).kind == "rmsnorm":
+                keep.append(m)
+        changed |= keep != g.merged
         g.merged = keep
     return new if changed else None
 
 
+def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
+    """(the merged run it extends or None, the new run) for every RMSNorm of ``group`` whose readers are all GEMV ops
+    of a family with an RMSNorm prologue (``NORMED_FAMILIES``) in this group, one merged run of them or a single op:
+    that run with the norm appended (``kernels.bind.NormedLinear``), when ``plan.merge_problems`` accepts it."""
+    if group.where != "npu":
+        return []
+    graph = block_graph(spec)
+    calls = {c.op: c for c in group.calls}
+    out = []
+    for c in group.calls:
+        node = graph.node(c.op)
+        if node.kind != "rmsnorm" or c.family != "rmsnorm" or any(c.op in m for m in group.merged):
+            continue
+        readers = [n.op for n in graph.block + graph.head if node.output in n.inputs]
+        if not readers or any(r not in calls or calls[r].family not in NORMED_FAMILIES for r in readers):
+            continue
+        old = next((m for m in group.merged if set(readers) <= set(m)), None)
+        if old is not None and set(old) != set(readers):
+            continue
+        run = [*(old or readers), c.op]
+        if old is None and len(readers) > 1:
+            continue  # several unmerged readers: multi-matrix-launches merges them first
+        if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
+            out.append((old, run))
+    return out
+
+
+def normed_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs every RMSNorm it can as the prologue of the GEMV launch that reads it
+    (``normed_runs``); None when none can. Each such launch gets a config its prenormed shape tiles (``merged_config``:
+    the tuner's, or the launch's own config when legal, else the family default keeping its columns and rows)."""
+    spec = plan.model_spec()
+    new = copy.deepcopy(plan)
+    changed = False
+    for g in new.stage(stage).groups():
+        for old, run in normed_runs(spec, g):
+            try:
+                config = merged_config(spec, g, run, tuner=tuner)
+            except DesignError:
+                continue
+            next(c for c in g.calls if c.op == run[0]).config = config
+            g.merged = [run if m == old else m for m in g.merged] if old else [*g.merged, run]
+            changed = True
+    return new if changed else None
+
+
 # Merged runs of these kinds are packing choices worth refitting without: each holds several ops' rows on one tile.
-SPLITTABLE = (("rope",), ("bias",), ("rope", "bias"))
+SPLITTABLE = (("rope",), ("bias",), ("rope", "bias"), ("rmsnorm",))
 
 
 def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[DeploymentPlan, str]]:
@@ -148,7 +200,7 @@ def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tu
     before they merged (26.41 vs 27.74 tok/s, modeled), as Llama-3.2-3B's merged RoPE once did."""
     out: list[tuple[DeploymentPlan, str]] = [(plan, "")]
     seen: set[tuple] = set()
-    words = {"rope": "Q's and K's RoPE", "bias": "Q's, K's and V's bias adds"}
+    words = {"rope": "Q's and K's RoPE", "bias": "Q's, K's and V's bias adds", "rmsnorm": "the RMSNorm prologues"}
     for kinds in SPLITTABLE:
         alt = split_stage(plan, stage, kinds)
         if alt is None:

@@ -67,6 +67,9 @@ class KernelCall:
 # launch over Q's and K's heads (``kernels.bind.MergedRope``), one bias launch over Q's, K's and V's biases
 # (``kernels.bind.MergedBias``)
 MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bias"}
+# GEMV families whose launch may also serve the RMSNorm its ops read, as the run's last op
+# (``kernels.bind.NormedLinear``: a run ``[q_proj, k_proj, v_proj, attn_norm]`` normalizes x in every worker first)
+NORMED_FAMILIES = ("qgemv",)
 
 
 @dataclass
@@ -76,7 +79,8 @@ class KernelGroup:
     ``merged``: runs of the group's ops that one launch serves (e.g. ``["q_proj", "k_proj", "v_proj"]``): linear ops
     of one mergeable family reading the same input, run as one multi-matrix launch, or RoPE ops (Q's and K's), run
     as one launch over all their heads; at the first op's place with the first op's config (one design switch
-    instead of several)."""
+    instead of several). GEMV ops followed by the RMSNorm they read (``[q_proj, k_proj, v_proj, attn_norm]``) are
+    one GEMV launch with the norm as its prologue; the norm's own launch is saved."""
 
     name: str
     calls: list[KernelCall]
@@ -374,6 +378,9 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
             problems.append(f"{what} repeats ops of another merge; an op runs in one launch")
         seen |= set(m)
         nodes = [graph.node(o) for o in m]
+        if nodes[-1].kind == "rmsnorm":
+            problems += _normed_problems(what, g, m, nodes, graph)
+            continue
         fams = {calls[o].family for o in m}
         fam = next(iter(fams)) if len(fams) == 1 else None
         if fam not in MERGED_KIND or any(n.kind != MERGED_KIND[fam] for n in nodes):
@@ -389,6 +396,28 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
             later = {graph.node(o).output for o in order[order.index(m[0]) :]}
             if any(v in later for n in nodes for v in n.inputs):
                 problems.append(f"{what} reads a value computed at or after {m[0]}; the merged launch runs there")
+    return problems
+
+
+def _normed_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
+    """Why a run of GEMV ops followed by the RMSNorm they read (``kernels.bind.NormedLinear``) cannot be one launch:
+    the ops before the norm are linear (or LM head) ops of one GEMV family and format that all read the norm's
+    output, and nothing else of the block or head reads it (the launch does not write it)."""
+    calls = {c.op: c for c in g.calls}
+    *lins, norm = nodes
+    fams = {calls[n.op].family for n in lins}
+    if fams - set(NORMED_FAMILIES) or len(fams) != 1 or any(n.kind not in ("linear", "lm_head") for n in lins):
+        return [f"{what}: the ops before an RMSNorm must be linear ops of one of {NORMED_FAMILIES}, got {sorted(fams)}"]
+    problems = []
+    if calls[norm.op].family != "rmsnorm":
+        problems.append(f"{what}: {norm.op} runs as {calls[norm.op].family}, not rmsnorm; it cannot be a prologue")
+    if len({(calls[n.op].config.get("fmt"), calls[n.op].config.get("block")) for n in lins}) != 1:
+        problems.append(f"{what} mixes weight formats; one launch decodes one format")
+    if any(tuple(n.inputs) != (norm.output,) for n in lins):
+        problems.append(f"{what}: every op before {norm.op} must read {norm.output} alone")
+    readers = {n.op for n in graph.block + graph.head if norm.output in n.inputs}
+    if readers - set(m):
+        problems.append(f"{what}: {sorted(readers - set(m))} also read {norm.output}, which the launch does not write")
     return problems
 
 

@@ -412,7 +412,7 @@ class Dispatcher:
                 internal[KV_STATE] = k
                 continue
             if isinstance(bound, MergedLaunch):
-                ins = [value(v) for v in dict.fromkeys(n.inputs[0] for n in bound.members)]  # one x for a GEMV
+                ins = [value(v) for v in bound.reads]  # one x for a GEMV
                 ws = [self.pool.weight_view(weights[n.weights[0]]) for n in bound.members if n.weights]
                 extra: dict[str, Any] = {}
                 if isinstance(bound, MergedRope):
@@ -420,10 +420,10 @@ class Dispatcher:
                         seen_inputs["cs"] = self.pool.device_view(tables)
                     extra = {"cs": seen_inputs["cs"], "start": p.start}
                 if p.dry:
-                    outs = [torch.empty(p.rows, n.width, dtype=BF16, device=META) for n in bound.members]
+                    outs = [torch.empty(p.rows, n.width, dtype=BF16, device=META) for n in bound.writes]
                 else:
                     outs = bound.run(design, ins, ws, extra, self.spec)
-                for n, o in zip(bound.members, outs, strict=True):
+                for n, o in zip(bound.writes, outs, strict=True):
                     internal[n.output] = o
                     produced.append(n.output)
                 continue

@@ -35,6 +35,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.decode", "OneDispatchDecode"),
     ("tilepilot.skills.optimize.decode", "WindowedKvReadback"),
     ("tilepilot.skills.optimize.decode", "MultiMatrixLaunches"),
+    ("tilepilot.skills.optimize.decode", "RmsNormPrologue"),
     ("tilepilot.skills.optimize.weights", "DequantizedPrefill"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),

@@ -5,7 +5,7 @@ host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch p
 "AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
 fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
 skips the masked ones); AIR then built a template per window so the readback matches the context
-(53.0 -> 58.6 tok/s). Four skills, tried in this order by the decode phase:
+(53.0 -> 58.6 tok/s). Five skills, tried in this order by the decode phase:
 
 - ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
   (``StagePlan.one_dispatch``),
@@ -20,6 +20,10 @@ skips the masked ones); AIR then built a template per window so the readback mat
 - ``multi-matrix-launches``: the linear ops of a group that read the same input (Q/K/V, gate/up) as one
   multi-matrix GEMV launch each, bf16 or quantized, and Q's and K's RoPE as one launch (``plan.merge.merged_stage``):
   one design switch (and one x or table stream) instead of several, bit-identical outputs.
+
+- ``rmsnorm-prologue``: an RMSNorm that only quantized GEMVs read runs inside their launch, every worker normalizing
+  its resident x before the first call (``plan.merge.normed_stage``, ``kernels.bind.NormedLinear``): one launch
+  fewer per norm, bit-identical outputs.
 
 - ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
   module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
@@ -41,7 +45,7 @@ from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
-from tilepilot.plan.merge import merged_stage, packing_alternatives
+from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives
 from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
@@ -136,6 +140,45 @@ class MultiMatrixLaunches(PlanOptimization):
         if new is not None:
             runs = [m for g in new.stage(stage).groups() for m in g.merged]
             yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")
+
+
+class RmsNormPrologue(PlanOptimization):
+    name = "rmsnorm-prologue"
+    description = (
+        "Runs each RMSNorm that only quantized GEMVs read (the attention and FFN norms before Q/K/V and gate/up) as "
+        "the prologue of that GEMV launch: every worker normalizes its resident x once before its first call, the "
+        "norm weight riding in the same object as x. Use when a quantized decode launches an RMSNorm of one token "
+        "before a projection."
+    )
+    purpose = (
+        "Removes a launch per norm (inside a one-dispatch decode a one-token RMSNorm is mostly pipeline fill and "
+        "drain) and its DDR round trip; the outputs are bit-identical (the norm kernel's own arithmetic)."
+    )
+    commands = ("tilepilot skills run rmsnorm-prologue WORKSPACE --json",)
+    gate_text = _GATE
+    inputs = (_WS,)
+    failure_modes = (
+        "A GEMV config without a resident x (x_rides) cannot normalize: the launch is re-tiled by the tuner, and left "
+        "unfused when no config of its shape fits.",
+        "A norm whose output something else reads (a bias, another group) stays its own launch.",
+    )
+    stages = ("decode",)
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        def tuner(family: str, shape) -> dict:
+            """The fused launch at the tile tuner's best config for its prenormed shape (the shared kernel registry)."""
+            return asdict(
+                tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config
+            )
+
+        new = normed_stage(ctx.plan, stage, tuner)
+        if new is not None:
+            norms = [m[-1] for g in new.stage(stage).groups() for m in g.merged if m not in _runs(ctx.plan, stage)]
+            yield Proposal(new, f"{stage}: {norms} as the prologue of the GEMV launch that reads each")
+
+
+def _runs(plan, stage: str) -> list[list[str]]:
+    return [m for g in plan.stage(stage).groups() for m in g.merged]
 
 
 class ResidentDecode(PlanOptimization):

@@ -1,0 +1,125 @@
+"""RMSNorm as the prologue of the quantized GEMV launch that reads it (``kernels.bind.NormedLinear``): the fused
+launch computes what the norm launch and the GEMV launch computed, bit for bit, on the tile path and the fast path;
+a decode pass with it matches the unfused pass's logits with one launch fewer per norm and less modeled time; the
+plan refuses a norm whose output another op reads; the ``rmsnorm-prologue`` skill is kept only when faster and
+correct."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tilepilot.harness.model_gate import model_gate
+from tilepilot.kernels import qgemv, rmsnorm
+from tilepilot.kernels.bind import NormedLinear, merged_launch
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.graph import block_graph
+from tilepilot.model.quant import WeightFormat, quantize
+from tilepilot.npu.execute import run_fast, run_tile
+from tilepilot.npu.timing import time_design
+from tilepilot.npu.validate import DesignError, validate
+from tilepilot.plan.air_q4 import fused_stage
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.merge import merged_stage, normed_stage, split_stage
+from tilepilot.plan.plan import validate_plan, with_weights
+from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
+from tilepilot.skills.optimize.decode import RmsNormPrologue
+
+IDS = [1, 5, 9, 13, 2]
+CASES = [
+    (qgemv.Shape(64, 128, 1, "q4_0", 32, norm_eps=1e-5), qgemv.Config(8, 4, 64, 2, 2, "q4_0", rows=1, x_rides=True)),
+    (
+        qgemv.Shape(128, 128, 2, "q4_1", 32, parts=(64, 64), norm_eps=1e-6),
+        qgemv.Config(8, 2, 64, 1, 2, "q4_1", rows=4, x_rides=True),
+    ),
+    (qgemv.Shape(64, 256, 1, "q8_0", 32, norm_eps=1e-6), qgemv.Config(4, 4, 128, 2, 2, "q8_0", rows=2, x_rides=True)),
+]
+
+
+def _bf16(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).bfloat16()
+
+
+@pytest.mark.parametrize(("shape", "config"), CASES, ids=lambda v: str(v))
+def test_the_fused_launch_is_the_norm_then_the_gemv_bit_for_bit(shape, config):
+    design = qgemv.make_design(shape, config)
+    assert validate(design) == []
+    ins = {"x": _bf16(shape.m, shape.k, seed=1, scale=30.0), "g": _bf16(shape.k, seed=2)}
+    for j, (w, _) in enumerate(qgemv.tensor_names(shape)):
+        ins[w] = quantize(_bf16(shape.matrices()[j], shape.k, seed=3 + j, scale=0.05), shape.fmt, shape.block).data
+    tile, exact, prod = run_tile(design, ins), run_fast(design, ins, exact=True), run_fast(design, ins)
+    norm = rmsnorm.make_design(rmsnorm.Shape(shape.m, shape.k, eps=shape.norm_eps))
+    normed = run_fast(norm, {"x": ins["x"], "w": ins["g"]})["y"]
+    plain = qgemv.make_design(replace(shape, norm_eps=None), config)
+    unfused = run_fast(plain, {**{k: v for k, v in ins.items() if k != "g"}, "x": normed}, exact=True)
+    for _, y in qgemv.tensor_names(shape):
+        assert torch.equal(tile[y], exact[y]) and torch.equal(prod[y], exact[y])
+        assert torch.equal(exact[y], unfused[y])
+    # the norm weight rides in x's object: 2*k more bytes in; every worker's one-time norm lengthens the fill
+    assert design.ddr_read_bytes() == plain.ddr_read_bytes() + 2 * shape.k
+    t, t0 = time_design(design), time_design(plain)
+    assert t.fill_cycles > t0.fill_cycles and t.seconds > t0.seconds
+
+
+def test_a_prologue_needs_a_resident_x():
+    shape = qgemv.Shape(64, 128, 1, "q4_0", 32, norm_eps=1e-5)
+    with pytest.raises(DesignError, match="x_rides"):
+        qgemv.make_design(shape, qgemv.Config(2, 8, 64, 2, 1, "q4_0"))
+    assert all(c.x_rides for c in qgemv.candidate_configs(shape))
+    assert qgemv.default_config(shape).x_rides
+
+
+def _logits(plan, ck, lib):
+    runner = NpuRunner(plan, ck, library=lib)
+    out = [runner.prefill(IDS).logits[-1]]
+    for _ in range(2):
+        out.append(runner.decode(int(out[-1].argmax())).logits[-1])
+    return out, lib.timed_dispatches(one_dispatch_name("decode"))[-1]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_decode_pass_with_norm_prologues_gives_the_same_logits_with_fewer_launches(tiny_model, family):
+    ck = load_checkpoint(tiny_model(family, layers=2))
+    merged = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
+    normed = normed_stage(merged)
+    assert normed is not None and validate_plan(normed) == []
+    runs = [m for g in normed.decode.block for m in g.merged]
+    assert ["gate_proj", "up_proj", "ffn_norm"] in runs and ["q_proj", "k_proj", "v_proj", "attn_norm"] in runs
+    assert normed_stage(normed) is None
+    back = split_stage(normed, kinds=("rmsnorm",))  # what resident-decode also fits (packing_alternatives)
+    assert [m for g in back.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
+    lib = KernelLibrary()
+    before, one_before = _logits(merged, ck, lib)
+    after, one_after = _logits(normed, ck, lib)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert one_before.launches - one_after.launches == 2 * ck.spec.n_layers
+    assert one_after.seconds < one_before.seconds
+
+
+def test_a_norm_whose_output_another_op_reads_is_refused(tiny_model):
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    plan = merged_stage(fused_stage(with_weights(paper_like_plan(spec), WeightFormat("q4_0"))))
+    g = next(g for g in plan.decode.block if any(c.op == "attn_norm" for c in g.calls))
+    g.merged = [m for m in g.merged if m[0] != "q_proj"] + [["q_proj", "k_proj", "attn_norm"]]
+    problems = " | ".join(validate_plan(plan))
+    assert "['v_proj'] also read attn_norm" in problems
+    graph = block_graph(spec)
+    launch = merged_launch(tuple(graph.node(o) for o in ("q_proj", "attn_norm")))
+    assert isinstance(launch, NormedLinear) and launch.reads == ("x",) and launch.writes == (graph.node("q_proj"),)
+
+
+def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
+    ctx = fresh_ctx("llama", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q4_0")))))
+    ctx.opt_stage = "decode"
+    result = RmsNormPrologue().run(ctx)
+    assert result.status == "applied", result.summary
+    (row,) = result.evidence["applied"]
+    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
+    assert any(m[-1] == "attn_norm" for g in ctx.plan.decode.block for m in g.merged)
+    report, _ = model_gate(ctx, ctx.plan)
+    assert report.passed, report.failures
+    assert RmsNormPrologue().run(ctx).status == "skipped"
