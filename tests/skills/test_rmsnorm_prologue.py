@@ -6,6 +6,7 @@ correct."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -123,3 +124,19 @@ def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
     report, _ = model_gate(ctx, ctx.plan)
     assert report.passed, report.failures
     assert RmsNormPrologue().run(ctx).status == "skipped"
+
+
+def test_an_object_gathered_from_several_fills_must_be_completed_in_its_task_group():
+    """x's object holds x and the norm weight, filled by two tasks (a BD chain); without the second the object is
+    never whole and its consumers would wait for ever: the validator says so, and moving the second fill to a later
+    task group is refused too (a group boundary drains the channel)."""
+    shape, config = CASES[0]
+    design = qgemv.make_design(shape, config)
+    g_fills = [t for t in design.runtime.tasks if t.tensor == "g"]
+    assert len(g_fills) == 1 and g_fills[0].fifo == "x"
+    without = copy.deepcopy(design)
+    without.runtime.tasks = [t for t in design.runtime.tasks if t.tensor != "g"]
+    assert any(v.code == "SHAPE_NOT_TILING" and "with the fills before it" in v.message for v in validate(without))
+    later = copy.deepcopy(design)
+    later.runtime.tasks = [replace(t, group=t.group + 1) if t.tensor == "g" else t for t in design.runtime.tasks]
+    assert any(v.code == "SHAPE_NOT_TILING" for v in validate(later))
