@@ -47,7 +47,7 @@ from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
-from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives
+from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives, residual_stage
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.plan.resident import fit_resident
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -126,15 +126,14 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     plan = merged_stage(plan) or plan
     plan.name = f"tilepilot-{label}"
     plan = tuned(plan, spec)
-    # rmsnorm-prologue, kept only when it makes this pass faster (as the decode phase keeps a skill)
-    normed = normed_stage(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
-    if normed is not None:
-        normed = tuned(normed, spec)
-        if (
-            time_plan(normed, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
-            < time_plan(plan, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
-        ):
-            return normed
+    # rmsnorm-prologue, then residual-epilogue, each kept only when it makes this pass faster (as the decode phase
+    # keeps a skill)
+    for fold in (normed_stage, residual_stage):
+        folded = fold(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
+        if folded is not None:
+            folded = tuned(folded, spec)
+            t_new, t_old = (time_plan(p, spec, prompt_len=PACK_CONTEXT).decode_s_per_token for p in (folded, plan))
+            plan = folded if t_new < t_old else plan
     return plan
 
 

@@ -274,6 +274,37 @@ class NormedLinear(_Merged):
         return [out[f"y{j}"] for j in range(len(mats))] if len(mats) > 1 else [out["y"]]
 
 
+@dataclass(frozen=True)
+class ResidualLinear(_Merged):
+    """One GEMV launch serving a linear op and the residual add that reads its output (members ``(linear, add)``):
+    the residual rides in the launch's resident x and each worker adds its rows to its outputs before writing them,
+    with the add kernel's arithmetic (``kernels.gemv.add_residual``), so the output equals the GEMV launch followed
+    by the add launch bit for bit; the add's launch and the GEMV output's DDR round trip are saved. Only the add's
+    output is written: nothing else reads the linear's (``plan.merge_problems``)."""
+
+    members: tuple[OpNode, ...]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        linear, add = self.members
+        return (linear.inputs[0], next(v for v in add.inputs if v != linear.output))
+
+    @property
+    def writes(self) -> tuple[OpNode, ...]:
+        return (self.members[1],)
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        if family not in ("gemv", "qgemv") or "residual" not in {f.name for f in fields(family_module(family).Shape)}:
+            raise ConfigError(f"{family} has no residual epilogue; ops {[n.op for n in self.members]} cannot merge")
+        return replace(_linear_shape(self.members[0], family, spec, rows, config), residual=True)
+
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        """``inputs``: the linear's input, then the residual; ``weights``: the linear's (packed) matrix."""
+        return [design.fast({"x": inputs[0], "r": inputs[1], "w": weights[0]})["y"]]
+
+
 def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
     """The family shape of one linear (or LM head) op on the GEMV families."""
     n, k = weight_shape(spec, node.weights[0])
@@ -282,7 +313,7 @@ def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config:
     return family_module("qgemv").Shape(n=n, k=k, m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32))
 
 
-MergedLaunch = MergedLinear | MergedRope | MergedBias | NormedLinear
+MergedLaunch = MergedLinear | MergedRope | MergedBias | NormedLinear | ResidualLinear
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
 # op kinds whose GEMV launch can take an RMSNorm prologue (``NormedLinear``)
 NORMED_KINDS = ("linear", "lm_head")
@@ -291,12 +322,15 @@ NORMED_KINDS = ("linear", "lm_head")
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
     ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read: one GEMV launch
-    with that norm as its prologue."""
+    with that norm as its prologue; a linear op followed by the residual add of its output: one GEMV launch with
+    that add as its epilogue."""
     kinds = {n.kind for n in members}
     if len(kinds) == 1 and next(iter(kinds)) in _MERGED_BY_KIND:
         return _MERGED_BY_KIND[next(iter(kinds))](members)
     if len(members) >= 2 and members[-1].kind == "rmsnorm" and all(n.kind in NORMED_KINDS for n in members[:-1]):
         return NormedLinear(members)
+    if len(members) == 2 and (members[0].kind, members[1].kind) == ("linear", "add"):
+        return ResidualLinear(members)
     raise ConfigError(f"ops {[n.op for n in members]} ({sorted(kinds)}) cannot share one launch")
 
 

@@ -426,16 +426,10 @@ def matvec_dataflow(
     blocks = [rows * t.column(c)[1] for c in range(cols)]  # output rows column c produces per iteration
     starts = [sum(blocks[:c]) for c in range(cols)]
     iters = sum(nj // total for nj in shape.matrices())
-    normed = prenormed(shape)
-    if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides); + the norm weight's row
+    normed, res = prenormed(shape), with_residual(shape)
+    if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides), with what rides in it
         x = Fifo(
-            "x",
-            (m + int(normed), k),
-            "bf16",
-            1,
-            shim_placement=Tile(0, SHIM_ROW),
-            rides_with="w_0_0",
-            role=f"{worker}.x",
+            "x", x_object(shape), "bf16", 1, shim_placement=Tile(0, SHIM_ROW), rides_with="w_0_0", role=f"{worker}.x"
         )
         fifos: list[Fifo] = [x]
     else:
@@ -472,7 +466,9 @@ def matvec_dataflow(
             links.append(join(f"y_join_{c}", y_out, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
         for r in range(rows):
             if t.x_rides:  # one loop over every block and K chunk, x held throughout (resident_x_program)
-                loop = dict(iterations=1, calls_per_iteration=calls, program=resident_x_program(iters, ksteps),
+                first_row = _block_rows(shape, total, starts[c], blocks[c], r * tm) if res else None
+                program = resident_x_program(iters, ksteps, first_row)
+                loop = dict(iterations=1, calls_per_iteration=calls, program=program,
                             acquires={w_in[r]: calls, "x": 1, y_out[r]: iters})  # fmt: skip
             else:
                 loop = dict(iterations=iters, calls_per_iteration=ksteps,
@@ -500,8 +496,11 @@ def matvec_dataflow(
                 run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [nb, ksteps, m, tk], [0, tk, k, 1])]
             elif not runs:
                 run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [m, k], [k, 1])]
-                if normed:  # the same object's last row, from the norm weight: one BD chain on x's channel
+                if normed:  # the same object's next k elements, from the norm weight: one BD chain on x's channel
                     run += [("fill", "x", "g", tap) for tap in stream_taps((k,), 0, [k], [1])]
+                if res:  # then the residual the outputs are added to
+                    n = shape.n
+                    run += [("fill", "x", "r", tap) for tap in stream_taps((m, n), 0, [m, n], [n, 1])]
             for c in range(cols):
                 (ch, tm), block = t.column(c), blocks[c]
                 sub = block // ch
@@ -520,10 +519,14 @@ def matvec_dataflow(
     return fifos, links, workers, rt
 
 
-def resident_x_program(blocks: int, ksteps: int) -> Callable[[Worker], Iterator[Op]]:
+def resident_x_program(
+    blocks: int, ksteps: int, first_row: Callable[[int], int] | None = None
+) -> Callable[[Worker], Iterator[Op]]:
     """A matrix-vector worker's program when x stays resident (``Tiling.x_rides``): acquire the whole x once, then
     for each of ``blocks`` output blocks hold one output object while ``ksteps`` weight chunks stream past; each
-    call is step k of ``ksteps`` of block b (the kernel reads chunk k of x, ``x_chunk``)."""
+    call is step k of ``ksteps`` of block b (the kernel reads chunk k of x, ``x_chunk``). ``first_row(b)``: the
+    block's first output row, for a launch whose residual rides in x's object: each call also gets the worker's
+    rows of the residual (``residual_rows``)."""
 
     def program(w: Worker) -> Iterator[Op]:
         wf, xf = w.inputs
@@ -531,14 +534,50 @@ def resident_x_program(blocks: int, ksteps: int) -> Callable[[Worker], Iterator[
         (x,) = yield Acquire(xf, 1)
         for b in range(blocks):
             (y,) = yield Acquire(yf, 1)
+            extra = () if first_row is None else (residual_rows(x, w.kernel.params, first_row(b)),)
             for step in range(ksteps):
                 (wb,) = yield Acquire(wf, 1)
-                yield Call((wb, x), (y,), b, step, ksteps)
+                yield Call((wb, x, *extra), (y,), b, step, ksteps)
                 yield Release(wf, 1)
             yield Release(yf, 1)
         yield Release(xf, 1)
 
     return program
+
+
+def with_residual(shape: Any) -> bool:
+    """Whether the launch adds a residual to its outputs (``Shape.residual``: the residual add as its epilogue)."""
+    return bool(getattr(shape, "residual", False))
+
+
+def x_object(shape: Any) -> tuple[int, ...]:
+    """The shape of a resident x's one object: (m, k), or, with what rides in it (a prologue's norm weight, an
+    epilogue's residual), flat: x, then the norm weight (k), then the residual (m x n), each gathered from its own
+    tensor by one chain of buffer descriptors on x's channel."""
+    m, k = shape.m, shape.k
+    if not prenormed(shape) and not with_residual(shape):
+        return (m, k)
+    return (m * k + prenormed(shape) * k + with_residual(shape) * m * shape.n,)
+
+
+def residual_rows(x: torch.Tensor, params: Any, row: int) -> torch.Tensor:
+    """The (m, tile_m) view of the residual riding at the end of x's object for output rows [row, row + tile_m)."""
+    m, k, n, tm = params["m"], params["k"], params["n"], params["tile_m"]
+    start = m * k + params["normed"] * k
+    return x.view(-1)[start : start + m * n].view(m, n)[:, row : row + tm]
+
+
+def _block_rows(shape: Any, total: int, start: int, block: int, offset: int) -> Callable[[int], int]:
+    """First output row of block b for a worker whose column starts at ``start`` (rows per iteration ``block``) and
+    whose compute row starts ``offset`` rows into it (the drain's pattern, ``matvec_dataflow``)."""
+    its = shape.n // total
+    return lambda b: its * start + b * block + offset
+
+
+def add_residual(y: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """The residual add's arithmetic (``kernels.eltwise``: both bf16 operands in fp32, one rounding), residual first
+    as the block graph's add takes it."""
+    return nx.apply_fp32(torch.add, r, y)
 
 
 def prenormed(shape: Any) -> bool:
@@ -550,10 +589,14 @@ def resident_x(x: torch.Tensor, shape: Any, ctx: Any) -> torch.Tensor:
     """The x a call multiplies: the buffer itself, or for a prenormed launch (x resident, its last row the norm
     weight) the RMSNorm of x, computed once per worker into its scratch before the first call (the rmsnorm kernel's
     own arithmetic, ``rmsnorm.normalize_rows``, so the launch equals RMSNorm then GEMV bit for bit)."""
-    if not prenormed(shape):
+    if len(x_object(shape)) == 2:
         return x
+    m, k = shape.m, shape.k
+    if not prenormed(shape):
+        return x.view(-1)[: m * k].view(m, k)
     if "xn" not in ctx.scratch:
-        ctx.scratch["xn"] = normalize_rows(x[:-1], x[-1], shape.norm_eps)
+        flat = x.view(-1)
+        ctx.scratch["xn"] = normalize_rows(flat[: m * k].view(m, k), flat[m * k : m * k + k], shape.norm_eps)
     return ctx.scratch["xn"]
 
 
@@ -582,6 +625,7 @@ def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], 
     names = tensor_names(shape)
     mats = shape.matrices()
     inputs = [TensorSpec("x", (shape.m, shape.k))] + ([TensorSpec("g", (shape.k,))] if prenormed(shape) else [])
+    inputs += [TensorSpec("r", (shape.m, shape.n))] if with_residual(shape) else []
     inputs += [TensorSpec(w, (nj, stream.row), stream.dtype) for nj, (w, _) in zip(mats, names, strict=True)]
     outputs = [TensorSpec(y, (shape.m, nj)) for nj, (_, y) in zip(mats, names, strict=True)]
     return inputs, outputs

@@ -25,6 +25,7 @@ the GEMV's K chunks (exact=True bit-identical to the tile path, tested on small 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from math import prod
 
 import torch
 
@@ -34,6 +35,7 @@ from tilepilot.kernels.gemv import (
     TILE_M_CHOICES,
     Tiling,
     WeightStream,
+    add_residual,
     check_feed,
     check_parts,
     matvec_dataflow,
@@ -46,8 +48,10 @@ from tilepilot.kernels.gemv import (
     tensor_names,
     tile_fits,
     tile_k_choices,
+    with_residual,
     x_chunk,
     x_must_ride,
+    x_object,
 )
 from tilepilot.kernels.rmsnorm import normalize_rows
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
@@ -70,7 +74,9 @@ class Shape:
     """``parts``: a multi-matrix launch (e.g. Q/K/V, gate/up: matrices reading the same x), the output rows of each
     matrix, summing to ``n``; empty = one matrix of ``n`` rows (tensors ``w``/``y``; parts: ``w0``.. / ``y0``..).
     ``norm_eps``: the launch's x is the *input* of an RMSNorm (weight tensor ``g``) that every worker applies to its
-    resident x before the first call (``gemv.resident_x``): the norm's own launch is saved. Needs ``x_rides``."""
+    resident x before the first call (``gemv.resident_x``): the norm's own launch is saved. ``residual``: y is added
+    to the residual tensor ``r`` ([m, n], riding in x's object) before it is written, with the residual add's own
+    arithmetic (``gemv.add_residual``): the add's launch is saved. Both need ``x_rides``; a residual, one matrix."""
 
     n: int
     k: int
@@ -79,6 +85,7 @@ class Shape:
     block: int = 32
     parts: tuple[int, ...] = ()
     norm_eps: float | None = None
+    residual: bool = False
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
@@ -107,6 +114,11 @@ class Config:
         )
 
 
+def _rides(shape: Shape) -> bool:
+    """Whether something rides in the launch's resident x (a prologue's norm weight, an epilogue's residual)."""
+    return prenormed(shape) or with_residual(shape)
+
+
 def _err(message: str) -> DesignError:
     return DesignError([Violation("SHAPE_NOT_TILING", None, message)], FAMILY)
 
@@ -121,7 +133,7 @@ def l1_bytes(shape: Shape, config: Config) -> int:
     (AIR's ``proj_qmm`` keeps only its 32-float accumulator beside the packed block), so L1 holds packed bytes."""
     tm, tk, m = max(config.tile_m, config.tile_m0), config.tile_k, shape.m
     w = config.depth * tm * chunk_bytes(shape, tk)
-    x = 2 * (m + prenormed(shape)) * shape.k if config.x_rides else 2 * 2 * m * tk  # resident x (+ g), or chunks
+    x = 2 * prod(x_object(shape)) if config.x_rides else 2 * 2 * m * tk  # resident x (+ g, r), or its chunks
     x += prenorm_local_bytes(shape)
     return w + x + 2 * 2 * m * tm + 4 * m * tm + CORE_STACK_BYTES
 
@@ -149,8 +161,10 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.tile_m0 < 0:
         raise _err(f"tile_m0 {config.tile_m0} must be 0 (even split) or a row count")
     check_parts(shape, config.tiling().rows_per_iteration(), _err)
-    if prenormed(shape) and not config.x_rides:
-        raise _err("a launch with an RMSNorm prologue normalizes a resident x: it needs x_rides (2 weight channels)")
+    if (prenormed(shape) or with_residual(shape)) and not config.x_rides:
+        raise _err("an RMSNorm prologue or a residual epilogue rides in a resident x: it needs x_rides (2 channels)")
+    if with_residual(shape) and shape.parts:
+        raise _err("a residual epilogue adds to one matrix's outputs; a multi-matrix launch cannot take one")
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -162,7 +176,7 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
     fmt, block = shape.fmt, shape.block
 
     def qmatvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        wq, x = ins
+        wq, x = ins[:2]
         (y,) = outs
         x = x_chunk(resident_x(x, shape, ctx), tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
         w = dequantize_packed(wq, fmt, block).to(torch.bfloat16)  # decode in the tile, one bf16 rounding
@@ -170,17 +184,28 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
             ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
         ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, "bf16"), "fp32")
         if ctx.last:
-            y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
+            out = nx.finish(ctx.scratch["acc"], "bf16")
+            y.copy_(add_residual(out, ins[2]) if res else out)  # the residual's rows ride in x (residual_rows)
 
     tm, tk, m = tile_m or config.tile_m, config.tile_k, shape.m
+    res = with_residual(shape)
     return TileKernel(
         name=f"qmatvec_{fmt}_b{block}_{tm}x{tk}",
         fn=qmatvec_tile,
         variant="vector",
         macs_per_call=m * tm * tk,
-        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk,
+        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk + res * m * tm,  # the epilogue's adds, charged every call
         bytes_per_call=tm * chunk_bytes(shape, tk) + 2 * m * tk + 4 * m * tm,
-        params={"tile_m": tm, "tile_k": tk, "m": m, "fmt": fmt, "block": block},
+        params={
+            "tile_m": tm,
+            "tile_k": tk,
+            "m": m,
+            "k": shape.k,
+            "n": shape.n,
+            "normed": int(prenormed(shape)),
+            "fmt": fmt,
+            "block": block,
+        },  # fmt: skip
     )
 
 
@@ -201,8 +226,10 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     )
     inputs, outputs = matvec_tensors(shape, stream)
     points = ("prologue:rmsnorm(fp32)->bf16",) if prenormed(shape) else ()
+    tail = ("epilogue:add(fp32)->bf16",) if with_residual(shape) else ()
+    suffix = ("_rms" if points else "") + ("_res" if tail else "")
     design = Design(
-        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}{'_rms' if points else ''}",
+        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}{suffix}",
         device=device,
         inputs=inputs,
         outputs=outputs,
@@ -211,7 +238,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         workers=workers,
         runtime=rt,
         numerics=nx.Numerics(
-            "bf16", "fp32", tk, "bf16", (*points, f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16")
+            "bf16", "fp32", tk, "bf16", (*points, f"weights:{shape.fmt}->bf16", "accumulate:fp32", "output:bf16", *tail)
         ),
         fast=_fast(shape, config),
     )
@@ -240,6 +267,8 @@ def _fast(shape: Shape, config: Config):
         for w_t, y_t in tensor_names(shape):
             w = deployed_packed(inputs[w_t], shape.fmt, shape.block)
             out[y_t] = nx.matmul(x, w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
+            if with_residual(shape):
+                out[y_t] = add_residual(out[y_t], inputs["r"])
         return out
 
     return fast
@@ -247,13 +276,13 @@ def _fast(shape: Shape, config: Config):
 
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
     """FP32 y = x @ deployed(W)^T (the dequantized weights rounded to bf16, as the deployment defines them); with an
-    RMSNorm prologue, of the FP32 RMSNorm of x (``oracle.ops.rmsnorm``)."""
+    RMSNorm prologue, of the FP32 RMSNorm of x (``oracle.ops.rmsnorm``); with a residual, plus the residual."""
     shape = shape or Shape(1, 1)
     out = {}
     x = inputs["x"] if not prenormed(shape) else rms_reference(inputs["x"], inputs["g"], shape.norm_eps)
     for w_t, y_t in tensor_names(shape):
         w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
-        out[y_t] = linear(x, w)
+        out[y_t] = linear(x, w) + (inputs["r"].to(torch.float32) if with_residual(shape) else 0)
     return out
 
 
@@ -272,7 +301,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                 for tm in TILE_M_CHOICES:
                     for tk in ks:
                         for depth in (2, 1):
-                            rides = x_must_ride(cols, ch, device) or (prenormed(shape) and ch == 2)
+                            rides = x_must_ride(cols, ch, device) or (_rides(shape) and ch == 2)
                             cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows, x_rides=rides)
                             if fits(shape, cfg, device):
                                 out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
@@ -312,14 +341,14 @@ def default_config(
     """The GEMV's default (8 columns, one row, biggest chunks that fit), one weight channel per column; ``cols``,
     ``channels`` and ``rows`` fix those choices (a plan may name them and leave the tiles to the default)."""
     device = device or npu2()
-    channels = 2 if prenormed(shape) else channels  # a prologue needs a resident x, which rides a second channel
+    channels = 2 if _rides(shape) else channels  # what rides in a resident x needs it, on a second channel
     col_choices = (cols,) if cols else (8, 4, 2, 1)
     for c in col_choices:
         if c > device.columns:
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                rides = x_must_ride(c, channels, device) or prenormed(shape)
+                rides = x_must_ride(c, channels, device) or _rides(shape)
                 cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows, x_rides=rides)
                 if fits(shape, cfg, device):
                     return cfg

@@ -124,7 +124,8 @@ def split_stage(
     plan: DeploymentPlan, stage: str = "decode", kinds: tuple[str, ...] = ("rope",)
 ) -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` runs its merged runs of these op kinds as separate launches again (None when
-    it has none); "rmsnorm" takes the norm out of a GEMV launch that runs it as its prologue (``normed_stage``).
+    it has none); "rmsnorm" ("add") takes the norm (residual add) out of a GEMV launch that runs it as its prologue
+    (epilogue): ``normed_stage``, ``residual_stage``.
     A merged launch is a packing choice as well as a launch saved: Q's and K's RoPE in one launch hold all their
     heads on one tile (Llama-3.2-3B: 34 KB of L1 where the separate launches hold 26 and 10 KB on tiles of their
     own), which can leave a resident pass worse configs elsewhere; ``resident-decode`` fits both."""
@@ -134,9 +135,10 @@ def split_stage(
     for g in new.stage(stage).groups():
         keep = []
         for m in g.merged:
-            if graph.node(m[-1]).kind == "rmsnorm" and "rmsnorm" in kinds:  # a norm prologue: the GEMV run stays
+            last = graph.node(m[-1]).kind
+            if last in ("rmsnorm", "add") and last in kinds:  # a prologue or an epilogue: the GEMV run stays
                 keep += [m[:-1]] if len(m) > 2 else []
-            elif graph.node(m[0]).kind not in kinds or graph.node(m[-1]).kind == "rmsnorm":
+            elif graph.node(m[0]).kind not in kinds or last in ("rmsnorm", "add"):
                 keep.append(m)
         changed |= keep != g.merged
         g.merged = keep
@@ -170,15 +172,52 @@ def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | N
     return out
 
 
+def residual_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[None, list[str]]]:
+    """(None, ``[linear, add]``) for every residual add of ``group`` whose other operand is the output of an unmerged
+    GEMV op of a family with a residual epilogue (``NORMED_FAMILIES``) in this group, when ``plan.merge_problems``
+    accepts the pair as one launch (``kernels.bind.ResidualLinear``)."""
+    if group.where != "npu":
+        return []
+    graph = block_graph(spec)
+    calls = {c.op: c for c in group.calls}
+    taken = {o for m in group.merged for o in m}
+    out: list[tuple[None, list[str]]] = []
+    for c in group.calls:
+        node = graph.node(c.op)
+        if node.kind != "add" or c.family != "eltwise" or c.op in taken:
+            continue
+        for v in node.inputs:
+            if v in calls and v not in taken and calls[v].family in NORMED_FAMILIES and graph.node(v).kind == "linear":
+                run = [v, c.op]
+                if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
+                    out.append((None, run))
+                break
+    return out
+
+
 def normed_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` runs every RMSNorm it can as the prologue of the GEMV launch that reads it
-    (``normed_runs``); None when none can. Each such launch gets a config its prenormed shape tiles (``merged_config``:
-    the tuner's, or the launch's own config when legal, else the family default keeping its columns and rows)."""
+    (``normed_runs``); None when none can."""
+    return _folded_stage(plan, stage, normed_runs, tuner)
+
+
+def residual_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs every residual add it can as the epilogue of the GEMV launch whose
+    output it adds (``residual_runs``); None when none can."""
+    return _folded_stage(plan, stage, residual_runs, tuner)
+
+
+def _folded_stage(
+    plan: DeploymentPlan, stage: str, runs_of: Callable[[ModelSpec, KernelGroup], list], tuner: Tuner | None
+) -> DeploymentPlan | None:
+    """``plan`` with the runs ``runs_of(spec, group)`` gives (each replacing the merged run it extends, if any), each
+    launch at a config its fused shape tiles (``merged_config``: the tuner's, or the launch's own config when legal,
+    else the family default keeping its columns and rows); None when there is none."""
     spec = plan.model_spec()
     new = copy.deepcopy(plan)
     changed = False
     for g in new.stage(stage).groups():
-        for old, run in normed_runs(spec, g):
+        for old, run in runs_of(spec, g):
             try:
                 config = merged_config(spec, g, run, tuner=tuner)
             except DesignError:
@@ -190,7 +229,7 @@ def normed_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | Non
 
 
 # Merged runs of these kinds are packing choices worth refitting without: each holds several ops' rows on one tile.
-SPLITTABLE = (("rope",), ("bias",), ("rope", "bias"), ("rmsnorm",))
+SPLITTABLE = (("rope",), ("bias",), ("rope", "bias"), ("rmsnorm",), ("add",), ("rmsnorm", "add"))
 
 
 def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[DeploymentPlan, str]]:
@@ -200,7 +239,12 @@ def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tu
     before they merged (26.41 vs 27.74 tok/s, modeled), as Llama-3.2-3B's merged RoPE once did."""
     out: list[tuple[DeploymentPlan, str]] = [(plan, "")]
     seen: set[tuple] = set()
-    words = {"rope": "Q's and K's RoPE", "bias": "Q's, K's and V's bias adds", "rmsnorm": "the RMSNorm prologues"}
+    words = {
+        "rope": "Q's and K's RoPE",
+        "bias": "Q's, K's and V's bias adds",
+        "rmsnorm": "the RMSNorm prologues",
+        "add": "the residual epilogues",
+    }
     for kinds in SPLITTABLE:
         alt = split_stage(plan, stage, kinds)
         if alt is None:

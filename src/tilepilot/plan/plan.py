@@ -68,7 +68,8 @@ class KernelCall:
 # (``kernels.bind.MergedBias``)
 MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bias"}
 # GEMV families whose launch may also serve the RMSNorm its ops read, as the run's last op
-# (``kernels.bind.NormedLinear``: a run ``[q_proj, k_proj, v_proj, attn_norm]`` normalizes x in every worker first)
+# (``kernels.bind.NormedLinear``: a run ``[q_proj, k_proj, v_proj, attn_norm]`` normalizes x in every worker first),
+# or the residual add of its output (``kernels.bind.ResidualLinear``: ``[o_proj, resid1]``)
 NORMED_FAMILIES = ("qgemv",)
 
 
@@ -381,6 +382,9 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
         if nodes[-1].kind == "rmsnorm":
             problems += _normed_problems(what, g, m, nodes, graph)
             continue
+        if nodes[-1].kind == "add":
+            problems += _residual_problems(what, g, m, nodes, graph)
+            continue
         fams = {calls[o].family for o in m}
         fam = next(iter(fams)) if len(fams) == 1 else None
         if fam not in MERGED_KIND or any(n.kind != MERGED_KIND[fam] for n in nodes):
@@ -418,6 +422,27 @@ def _normed_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph
     readers = {n.op for n in graph.block + graph.head if norm.output in n.inputs}
     if readers - set(m):
         problems.append(f"{what}: {sorted(readers - set(m))} also read {norm.output}, which the launch does not write")
+    return problems
+
+
+def _residual_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
+    """Why ``[linear, add]`` cannot be one GEMV launch with the add as its epilogue (``kernels.bind.ResidualLinear``):
+    a linear op of a GEMV family with one, whose output the add alone reads, added to a value computed before the
+    linear's place (the launch runs there)."""
+    calls = {c.op: c for c in g.calls}
+    if len(nodes) != 2 or nodes[0].kind != "linear" or calls[nodes[0].op].family not in NORMED_FAMILIES:
+        return [f"{what}: a residual epilogue takes one linear op of {NORMED_FAMILIES} and the add of its output"]
+    lin, add = nodes
+    problems = []
+    if calls[add.op].family != "eltwise" or lin.output not in add.inputs:
+        problems.append(f"{what}: {add.op} must be the eltwise add of {lin.output}")
+    readers = {n.op for n in graph.block + graph.head if lin.output in n.inputs}
+    if readers - {add.op}:
+        problems.append(f"{what}: {sorted(readers - {add.op})} also read {lin.output}, which the launch does not write")
+    order = [c.op for c in g.calls]
+    later = {graph.node(o).output for o in order[order.index(lin.op) :]}
+    if any(v in later for v in add.inputs if v != lin.output):
+        problems.append(f"{what}: {add.op}'s residual is computed at or after {lin.op}; the launch runs there")
     return problems
 
 

@@ -36,6 +36,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.decode", "WindowedKvReadback"),
     ("tilepilot.skills.optimize.decode", "MultiMatrixLaunches"),
     ("tilepilot.skills.optimize.decode", "RmsNormPrologue"),
+    ("tilepilot.skills.optimize.decode", "ResidualEpilogue"),
     ("tilepilot.skills.optimize.weights", "DequantizedPrefill"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),

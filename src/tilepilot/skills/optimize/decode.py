@@ -5,7 +5,7 @@ host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch p
 "AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
 fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
 skips the masked ones); AIR then built a template per window so the readback matches the context
-(53.0 -> 58.6 tok/s). Five skills, tried in this order by the decode phase:
+(53.0 -> 58.6 tok/s). Six skills, tried in this order by the decode phase:
 
 - ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
   (``StagePlan.one_dispatch``),
@@ -24,6 +24,10 @@ skips the masked ones); AIR then built a template per window so the readback mat
 - ``rmsnorm-prologue``: an RMSNorm that only quantized GEMVs read runs inside their launch, every worker normalizing
   its resident x before the first call (``plan.merge.normed_stage``, ``kernels.bind.NormedLinear``): one launch
   fewer per norm, bit-identical outputs.
+
+- ``residual-epilogue``: a residual add of a quantized GEMV's output runs inside that launch, every worker adding
+  its rows of the residual (riding in its resident x) before writing them (``plan.merge.residual_stage``,
+  ``kernels.bind.ResidualLinear``): one launch fewer per add, bit-identical outputs.
 
 - ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
   module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
@@ -45,7 +49,7 @@ from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
-from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives
+from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives, residual_stage
 from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
@@ -142,7 +146,39 @@ class MultiMatrixLaunches(PlanOptimization):
             yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")
 
 
-class RmsNormPrologue(PlanOptimization):
+class _FoldIntoGemv(PlanOptimization):
+    """A small op run inside the quantized GEMV launch next to it (``plan.merge._folded_stage``), each fused launch
+    at the tile tuner's best config for its shape; ``fold`` is the plan function that finds and makes the runs."""
+
+    abstract = True
+    stages = ("decode",)
+    inputs = (_WS,)
+    gate_text = _GATE
+    what = ""
+
+    @staticmethod
+    def fold(plan, stage, tuner):
+        raise NotImplementedError
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        def tuner(family: str, shape) -> dict:
+            """The fused launch at the tile tuner's best config for its shape (the shared kernel registry)."""
+            return asdict(
+                tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config
+            )
+
+        new = self.fold(ctx.plan, stage, tuner)
+        if new is not None:
+            before = _runs(ctx.plan, stage)
+            ops = [m[-1] for m in _runs(new, stage) if m not in before]
+            yield Proposal(new, f"{stage}: {ops} as the {self.what} of the GEMV launch next to each")
+
+
+def _runs(plan, stage: str) -> list[list[str]]:
+    return [m for g in plan.stage(stage).groups() for m in g.merged]
+
+
+class RmsNormPrologue(_FoldIntoGemv):
     name = "rmsnorm-prologue"
     description = (
         "Runs each RMSNorm that only quantized GEMVs read (the attention and FFN norms before Q/K/V and gate/up) as "
@@ -155,30 +191,33 @@ class RmsNormPrologue(PlanOptimization):
         "drain) and its DDR round trip; the outputs are bit-identical (the norm kernel's own arithmetic)."
     )
     commands = ("tilepilot skills run rmsnorm-prologue WORKSPACE --json",)
-    gate_text = _GATE
-    inputs = (_WS,)
     failure_modes = (
         "A GEMV config without a resident x (x_rides) cannot normalize: the launch is re-tiled by the tuner, and left "
         "unfused when no config of its shape fits.",
         "A norm whose output something else reads (a bias, another group) stays its own launch.",
     )
-    stages = ("decode",)
-
-    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
-        def tuner(family: str, shape) -> dict:
-            """The fused launch at the tile tuner's best config for its prenormed shape (the shared kernel registry)."""
-            return asdict(
-                tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config
-            )
-
-        new = normed_stage(ctx.plan, stage, tuner)
-        if new is not None:
-            norms = [m[-1] for g in new.stage(stage).groups() for m in g.merged if m not in _runs(ctx.plan, stage)]
-            yield Proposal(new, f"{stage}: {norms} as the prologue of the GEMV launch that reads each")
+    what = "prologue"
+    fold = staticmethod(normed_stage)
 
 
-def _runs(plan, stage: str) -> list[list[str]]:
-    return [m for g in plan.stage(stage).groups() for m in g.merged]
+class ResidualEpilogue(_FoldIntoGemv):
+    name = "residual-epilogue"
+    description = (
+        "Runs each residual add whose other operand is a quantized GEMV's output (after o_proj and down_proj) as the "
+        "epilogue of that GEMV launch: the residual rides in the launch's resident x and every worker adds its rows "
+        "before writing them. Use when a quantized decode launches a one-token residual add after a projection."
+    )
+    purpose = (
+        "Removes a launch per residual add and the projection output's DDR round trip; the outputs are bit-identical "
+        "(the add kernel's own arithmetic)."
+    )
+    commands = ("tilepilot skills run residual-epilogue WORKSPACE --json",)
+    failure_modes = (
+        "A projection whose output something else reads (a bias add) keeps its add as a launch of its own.",
+        "A multi-matrix launch cannot take a residual: only single-matrix projections fuse.",
+    )
+    what = "epilogue"
+    fold = staticmethod(residual_stage)
 
 
 class ResidentDecode(PlanOptimization):

@@ -1,8 +1,9 @@
-"""RMSNorm as the prologue of the quantized GEMV launch that reads it (``kernels.bind.NormedLinear``): the fused
-launch computes what the norm launch and the GEMV launch computed, bit for bit, on the tile path and the fast path;
-a decode pass with it matches the unfused pass's logits with one launch fewer per norm and less modeled time; the
-plan refuses a norm whose output another op reads; the ``rmsnorm-prologue`` skill is kept only when faster and
-correct."""
+"""Small ops folded into the quantized GEMV launch next to them: RMSNorm as the prologue of the launch that reads it
+(``kernels.bind.NormedLinear``), the residual add as the epilogue of the launch whose output it adds
+(``kernels.bind.ResidualLinear``). Each fused launch computes what the separate launches computed, bit for bit, on
+the tile path and the fast path; a decode pass with them matches the unfused pass's logits with one launch fewer per
+folded op and less modeled time; the plan refuses a fold whose intermediate another op reads; the
+``rmsnorm-prologue`` and ``residual-epilogue`` skills are kept only when faster and correct."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from tilepilot.harness.model_gate import model_gate
-from tilepilot.kernels import qgemv, rmsnorm
-from tilepilot.kernels.bind import NormedLinear, merged_launch
+from tilepilot.kernels import eltwise, qgemv, rmsnorm
+from tilepilot.kernels.bind import NormedLinear, ResidualLinear, merged_launch
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.graph import block_graph
 from tilepilot.model.quant import WeightFormat, quantize
@@ -23,11 +24,11 @@ from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate
 from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
-from tilepilot.plan.merge import merged_stage, normed_stage, split_stage
+from tilepilot.plan.merge import merged_stage, normed_stage, residual_stage, split_stage
 from tilepilot.plan.plan import validate_plan, with_weights
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
-from tilepilot.skills.optimize.decode import RmsNormPrologue
+from tilepilot.skills.optimize.decode import ResidualEpilogue, RmsNormPrologue
 
 IDS = [1, 5, 9, 13, 2]
 CASES = [
@@ -140,3 +141,81 @@ def test_an_object_gathered_from_several_fills_must_be_completed_in_its_task_gro
     later = copy.deepcopy(design)
     later.runtime.tasks = [replace(t, group=t.group + 1) if t.tensor == "g" else t for t in design.runtime.tasks]
     assert any(v.code == "SHAPE_NOT_TILING" for v in validate(later))
+
+
+RES_CASES = [
+    (qgemv.Shape(64, 128, 1, "q4_0", 32, residual=True), qgemv.Config(8, 4, 64, 2, 2, "q4_0", rows=1, x_rides=True)),
+    (qgemv.Shape(128, 128, 2, "q4_1", 32, residual=True), qgemv.Config(8, 2, 64, 1, 2, "q4_1", rows=4, x_rides=True)),
+    (
+        qgemv.Shape(64, 256, 1, "q8_0", 32, norm_eps=1e-5, residual=True),
+        qgemv.Config(4, 4, 128, 2, 2, "q8_0", rows=2, x_rides=True),
+    ),
+]
+
+
+@pytest.mark.parametrize(("shape", "config"), RES_CASES, ids=lambda v: str(v))
+def test_the_residual_epilogue_is_the_gemv_then_the_add_bit_for_bit(shape, config):
+    """Every worker adds its own rows of the residual (a row shifted by one would show: residuals of scale 20)."""
+    design = qgemv.make_design(shape, config)
+    assert validate(design) == []
+    ins = {"x": _bf16(shape.m, shape.k, seed=1, scale=3.0), "r": _bf16(shape.m, shape.n, seed=5, scale=20.0)}
+    if shape.norm_eps is not None:
+        ins["g"] = _bf16(shape.k, seed=2)
+    ins["w"] = quantize(_bf16(shape.n, shape.k, seed=3, scale=0.05), shape.fmt, shape.block).data
+    tile, exact = run_tile(design, ins)["y"], run_fast(design, ins, exact=True)["y"]
+    plain = qgemv.make_design(replace(shape, residual=False), config)
+    y = run_fast(plain, {k: v for k, v in ins.items() if k != "r"}, exact=True)["y"]
+    add = eltwise.make_design(eltwise.Shape(n=shape.m * shape.n, op="add"))
+    unfused = run_fast(add, {"a": ins["r"].reshape(-1), "b": y.reshape(-1)})["c"].reshape(shape.m, shape.n)
+    assert torch.equal(tile, exact) and torch.equal(exact, unfused)
+    assert design.ddr_read_bytes() == plain.ddr_read_bytes() + 2 * shape.m * shape.n
+
+
+def test_a_residual_needs_a_resident_x_and_one_matrix():
+    with pytest.raises(DesignError, match="x_rides"):
+        qgemv.make_design(qgemv.Shape(64, 128, 1, residual=True), qgemv.Config(2, 8, 64, 2, 1, "q4_0"))
+    with pytest.raises(DesignError, match="one matrix"):
+        qgemv.make_design(qgemv.Shape(128, 128, 1, "q4_1", parts=(64, 64), residual=True), CASES[1][1])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_decode_pass_with_residual_epilogues_gives_the_same_logits_with_fewer_launches(tiny_model, family):
+    ck = load_checkpoint(tiny_model(family, layers=2))
+    normed = normed_stage(merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0")))))
+    folded = residual_stage(normed)
+    assert folded is not None and validate_plan(folded) == []
+    runs = [m for g in folded.decode.block for m in g.merged]
+    assert ["o_proj", "resid1"] in runs and ["down_proj", "resid2"] in runs
+    assert residual_stage(folded) is None
+    lib = KernelLibrary()
+    before, one_before = _logits(normed, ck, lib)
+    after, one_after = _logits(folded, ck, lib)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert one_before.launches - one_after.launches == 2 * ck.spec.n_layers
+    assert one_after.seconds < one_before.seconds
+    back = split_stage(folded, kinds=("add",))
+    assert [m for g in back.decode.block for m in g.merged] == [m for g in normed.decode.block for m in g.merged]
+
+
+def test_a_residual_fold_whose_output_another_op_reads_is_refused(tiny_model):
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    plan = residual_stage(merged_stage(fused_stage(with_weights(paper_like_plan(spec), WeightFormat("q4_0")))))
+    g = next(g for g in plan.decode.block if any(m == ["o_proj", "resid1"] for m in g.merged))
+    g.merged = [m for m in g.merged if m != ["o_proj", "resid1"]] + [["o_proj", "resid2"]]
+    assert any("must be the eltwise add of o_proj" in p for p in validate_plan(plan))
+    graph = block_graph(spec)
+    launch = merged_launch((graph.node("down_proj"), graph.node("resid2")))
+    assert isinstance(launch, ResidualLinear) and launch.reads == ("swiglu", "resid1")
+    assert launch.writes == (graph.node("resid2"),)
+
+
+def test_the_residual_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
+    ctx = fresh_ctx("qwen2", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q4_1")))))
+    ctx.opt_stage = "decode"
+    result = ResidualEpilogue().run(ctx)
+    assert result.status == "applied", result.summary
+    (row,) = result.evidence["applied"]
+    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
+    assert any(m == ["down_proj", "resid2"] for g in ctx.plan.decode.block for m in g.merged)
+    assert ResidualEpilogue().run(ctx).status == "skipped"
