@@ -1,9 +1,9 @@
 """Small ops folded into the quantized GEMV launch next to them: RMSNorm as the prologue of the launch that reads it
-(``kernels.bind.NormedLinear``), the residual add as the epilogue of the launch whose output it adds
-(``kernels.bind.ResidualLinear``). Each fused launch computes what the separate launches computed, bit for bit, on
+the residual add as the epilogue of the launch whose output it adds, SwiGLU as the epilogue of the gate/up launch
+(``kernels.bind.FoldedLinear``). Each fused launch computes what the separate launches computed, bit for bit, on
 the tile path and the fast path; a decode pass with them matches the unfused pass's logits with one launch fewer per
 folded op and less modeled time; the plan refuses a fold whose intermediate another op reads; the
-``rmsnorm-prologue`` and ``residual-epilogue`` skills are kept only when faster and correct."""
+``rmsnorm-prologue``, ``residual-epilogue`` and ``swiglu-epilogue`` skills are kept only when faster and correct."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tilepilot.harness.model_gate import model_gate
-from tilepilot.kernels import eltwise, qgemv, rmsnorm
-from tilepilot.kernels.bind import NormedLinear, ResidualLinear, merged_launch
+from tilepilot.kernels import eltwise, qgemv, rmsnorm, swiglu
+from tilepilot.kernels.bind import FoldedLinear, merged_launch
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.model.graph import block_graph
 from tilepilot.model.quant import WeightFormat, quantize
@@ -24,11 +24,18 @@ from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, validate
 from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
-from tilepilot.plan.merge import merged_stage, normed_stage, residual_stage, split_stage
+from tilepilot.plan.merge import (
+    gated_stage,
+    merged_stage,
+    normed_stage,
+    packing_alternatives,
+    residual_stage,
+    split_stage,
+)
 from tilepilot.plan.plan import validate_plan, with_weights
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
-from tilepilot.skills.optimize.decode import ResidualEpilogue, RmsNormPrologue
+from tilepilot.skills.optimize.decode import ResidualEpilogue, RmsNormPrologue, SwigluEpilogue
 
 IDS = [1, 5, 9, 13, 2]
 CASES = [
@@ -110,7 +117,7 @@ def test_a_norm_whose_output_another_op_reads_is_refused(tiny_model):
     assert "['v_proj'] also read attn_norm" in problems
     graph = block_graph(spec)
     launch = merged_launch(tuple(graph.node(o) for o in ("q_proj", "attn_norm")))
-    assert isinstance(launch, NormedLinear) and launch.reads == ("x",) and launch.writes == (graph.node("q_proj"),)
+    assert isinstance(launch, FoldedLinear) and launch.reads == ("x",) and launch.writes == (graph.node("q_proj"),)
 
 
 def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
@@ -202,10 +209,10 @@ def test_a_residual_fold_whose_output_another_op_reads_is_refused(tiny_model):
     plan = residual_stage(merged_stage(fused_stage(with_weights(paper_like_plan(spec), WeightFormat("q4_0")))))
     g = next(g for g in plan.decode.block if any(m == ["o_proj", "resid1"] for m in g.merged))
     g.merged = [m for m in g.merged if m != ["o_proj", "resid1"]] + [["o_proj", "resid2"]]
-    assert any("must be the eltwise add of o_proj" in p for p in validate_plan(plan))
+    assert any("the add of its one linear op's output" in p for p in validate_plan(plan))
     graph = block_graph(spec)
     launch = merged_launch((graph.node("down_proj"), graph.node("resid2")))
-    assert isinstance(launch, ResidualLinear) and launch.reads == ("swiglu", "resid1")
+    assert isinstance(launch, FoldedLinear) and launch.reads == ("swiglu", "resid1")
     assert launch.writes == (graph.node("resid2"),)
 
 
@@ -219,3 +226,69 @@ def test_the_residual_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
     assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
     assert any(m == ["down_proj", "resid2"] for g in ctx.plan.decode.block for m in g.merged)
     assert ResidualEpilogue().run(ctx).status == "skipped"
+
+
+GLU_CASES = [
+    (
+        qgemv.Shape(128, 128, 1, "q4_0", 32, parts=(64, 64), gated=True),
+        qgemv.Config(8, 4, 64, 2, 2, "q4_0", rows=1, x_rides=True),
+    ),
+    (
+        qgemv.Shape(256, 128, 2, "q4_1", 32, parts=(128, 128), gated=True, norm_eps=1e-5),
+        qgemv.Config(8, 2, 64, 1, 2, "q4_1", rows=4, x_rides=True),
+    ),
+]
+
+
+@pytest.mark.parametrize(("shape", "config"), GLU_CASES, ids=lambda v: str(v))
+def test_the_swiglu_epilogue_is_the_gate_up_gemv_then_swiglu_bit_for_bit(shape, config):
+    """Each worker gates its up rows with its own gate rows, kept from earlier blocks (a row paired with its
+    neighbour's gate would show); only silu(gate) * up leaves the array."""
+    design = qgemv.make_design(shape, config)
+    assert validate(design) == [] and [t.name for t in design.outputs] == ["y"]
+    ins = {"x": _bf16(shape.m, shape.k, seed=1, scale=3.0)}
+    if shape.norm_eps is not None:
+        ins["g"] = _bf16(shape.k, seed=2)
+    for j in range(2):
+        ins[f"w{j}"] = quantize(_bf16(shape.parts[j], shape.k, seed=3 + j, scale=0.3), shape.fmt, shape.block).data
+    tile, exact, prod = (run_tile(design, ins)["y"], run_fast(design, ins, exact=True)["y"], run_fast(design, ins)["y"])
+    plain = qgemv.make_design(replace(shape, gated=False), config)
+    gate_up = run_fast(plain, ins)
+    sw = swiglu.make_design(swiglu.Shape(rows=shape.m, width=shape.parts[0]))
+    assert torch.equal(tile, exact) and torch.equal(
+        prod, run_fast(sw, {"gate": gate_up["y0"], "up": gate_up["y1"]})["y"]
+    )
+    assert design.ddr_write_bytes() * 2 == plain.ddr_write_bytes()
+    with pytest.raises(DesignError, match="two equal matrices"):
+        qgemv.make_design(replace(shape, parts=(shape.n // 4, 3 * shape.n // 4)), config)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_every_fold_together_gives_the_same_logits_with_four_launches_fewer_per_layer(tiny_model, family):
+    ck = load_checkpoint(tiny_model(family, layers=2))
+    merged = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_1"))))
+    folded = gated_stage(residual_stage(normed_stage(merged)))
+    assert folded is not None and validate_plan(folded) == [] and gated_stage(folded) is None
+    runs = [m for g in folded.decode.block for m in g.merged]
+    assert ["gate_proj", "up_proj", "ffn_norm", "swiglu"] in runs
+    lib = KernelLibrary()
+    before, one_before = _logits(merged, ck, lib)
+    after, one_after = _logits(folded, ck, lib)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert one_before.launches - one_after.launches == 5 * ck.spec.n_layers  # 2 norms, 2 adds, 1 SwiGLU
+    assert one_after.seconds < one_before.seconds
+    alts = packing_alternatives(folded)
+    unfolded = next(p for p, how in alts if "SwiGLU epilogues" in how)
+    assert [m for g in unfolded.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
+
+
+def test_the_swiglu_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
+    ctx = fresh_ctx("smollm2", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q8_0")))))
+    ctx.opt_stage = "decode"
+    result = SwigluEpilogue().run(ctx)
+    assert result.status == "applied", result.summary
+    (row,) = result.evidence["applied"]
+    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
+    assert any(m == ["gate_proj", "up_proj", "swiglu"] for g in ctx.plan.decode.block for m in g.merged)
+    assert SwigluEpilogue().run(ctx).status == "skipped"

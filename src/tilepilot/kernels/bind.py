@@ -230,79 +230,70 @@ class MergedBias(_Merged):
 
 
 @dataclass(frozen=True)
-class NormedLinear(_Merged):
-    """One GEMV launch serving the linear ops that read an RMSNorm's output *and* that norm (the run's last member):
-    every worker normalizes its resident x with the rmsnorm kernel's arithmetic before its first call
-    (``kernels.gemv.resident_x``), so the outputs equal the norm launch followed by the GEMV launch bit for bit,
-    and the norm's launch, its DDR round trip and its fill and drain are saved. The norm's own output is not
-    written: only the run's linear ops read it (``plan.merge_problems``)."""
+class FoldedLinear(_Merged):
+    """One GEMV launch serving its linear ops and the small ops folded into it, members in this order: the linear (or
+    LM head) ops, then optionally the RMSNorm they all read (its prologue: every worker normalizes its resident x
+    once before its first call, ``kernels.gemv.resident_x``), then optionally the residual add of the one linear's
+    output or the SwiGLU of the two linears' outputs (its epilogue: each worker adds its rows of the residual, riding
+    in x, or writes silu(gate) * up of its rows). Each folded op runs with its own kernel's arithmetic, so the
+    outputs equal the separate launches' bit for bit; the folded launches, their DDR round trips and their fills and
+    drains are saved. Only the last op's output is written (``plan.merge_problems`` checks nothing else reads the
+    others)."""
 
     members: tuple[OpNode, ...]
 
     @property
     def linears(self) -> tuple[OpNode, ...]:
-        return self.members[:-1]
+        return tuple(n for n in self.members if n.kind in NORMED_KINDS)
 
     @property
-    def norm(self) -> OpNode:
-        return self.members[-1]
+    def norm(self) -> OpNode | None:
+        return next((n for n in self.members if n.kind == "rmsnorm"), None)
+
+    @property
+    def epilogue(self) -> OpNode | None:
+        return next((n for n in self.members if n.kind in EPILOGUE_KINDS), None)
 
     @property
     def reads(self) -> tuple[str, ...]:
-        return (self.norm.inputs[0],)
+        x = self.norm.inputs[0] if self.norm else self.linears[0].inputs[0]
+        ep = self.epilogue
+        if ep is not None and ep.kind == "add":
+            return (x, next(v for v in ep.inputs if v != self.linears[0].output))
+        return (x,)
 
     @property
     def writes(self) -> tuple[OpNode, ...]:
-        return self.linears
+        return (self.epilogue,) if self.epilogue is not None else self.linears
 
     def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
-        if family not in ("gemv", "qgemv") or "norm_eps" not in {f.name for f in fields(family_module(family).Shape)}:
-            raise ConfigError(f"{family} has no RMSNorm prologue; ops {[n.op for n in self.members]} cannot merge")
+        known = {f.name for f in fields(family_module(family).Shape)} if family in ("gemv", "qgemv") else set()
+        if not {"norm_eps", "residual", "gated"} <= known:
+            raise ConfigError(f"{family} takes no folded ops; ops {[n.op for n in self.members]} cannot merge")
         if len(self.linears) > 1:
             inner = MergedLinear(self.linears).shape(family, spec, rows, config)
         else:
             inner = _linear_shape(self.linears[0], family, spec, rows, config)
-        return replace(inner, norm_eps=spec.rms_eps)
+        ep = self.epilogue.kind if self.epilogue is not None else None
+        eps = spec.rms_eps if self.norm is not None else None
+        return replace(inner, norm_eps=eps, residual=ep == "add", gated=ep == "swiglu")
 
     def run(
         self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
     ) -> list[torch.Tensor]:
-        """``inputs``: the norm's input; ``weights``: the linear ops' (packed) matrices, then the norm's weight."""
-        *mats, g = weights
+        """``inputs``: x (the norm's input with a prologue), then the residual of an add epilogue; ``weights``: the
+        linear ops' (packed) matrices, then the norm's weight."""
+        mats = weights[: len(self.linears)]
         names = [f"w{j}" for j in range(len(mats))] if len(mats) > 1 else ["w"]
-        out = design.fast({"x": inputs[0], "g": g, **dict(zip(names, mats, strict=True))})
-        return [out[f"y{j}"] for j in range(len(mats))] if len(mats) > 1 else [out["y"]]
-
-
-@dataclass(frozen=True)
-class ResidualLinear(_Merged):
-    """One GEMV launch serving a linear op and the residual add that reads its output (members ``(linear, add)``):
-    the residual rides in the launch's resident x and each worker adds its rows to its outputs before writing them,
-    with the add kernel's arithmetic (``kernels.gemv.add_residual``), so the output equals the GEMV launch followed
-    by the add launch bit for bit; the add's launch and the GEMV output's DDR round trip are saved. Only the add's
-    output is written: nothing else reads the linear's (``plan.merge_problems``)."""
-
-    members: tuple[OpNode, ...]
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        linear, add = self.members
-        return (linear.inputs[0], next(v for v in add.inputs if v != linear.output))
-
-    @property
-    def writes(self) -> tuple[OpNode, ...]:
-        return (self.members[1],)
-
-    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
-        if family not in ("gemv", "qgemv") or "residual" not in {f.name for f in fields(family_module(family).Shape)}:
-            raise ConfigError(f"{family} has no residual epilogue; ops {[n.op for n in self.members]} cannot merge")
-        return replace(_linear_shape(self.members[0], family, spec, rows, config), residual=True)
-
-    def run(
-        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
-    ) -> list[torch.Tensor]:
-        """``inputs``: the linear's input, then the residual; ``weights``: the linear's (packed) matrix."""
-        return [design.fast({"x": inputs[0], "r": inputs[1], "w": weights[0]})["y"]]
+        ins = {"x": inputs[0], **dict(zip(names, mats, strict=True))}
+        if self.norm is not None:
+            ins["g"] = weights[len(self.linears)]
+        if len(inputs) > 1:
+            ins["r"] = inputs[1]
+        out = design.fast(ins)
+        if self.epilogue is not None or len(mats) == 1:
+            return [out["y"]]
+        return [out[f"y{j}"] for j in range(len(mats))]
 
 
 def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
@@ -313,25 +304,25 @@ def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config:
     return family_module("qgemv").Shape(n=n, k=k, m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32))
 
 
-MergedLaunch = MergedLinear | MergedRope | MergedBias | NormedLinear | ResidualLinear
+MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
-# op kinds whose GEMV launch can take an RMSNorm prologue (``NormedLinear``)
+# op kinds a GEMV launch with folded ops serves (``FoldedLinear``), and the kinds it folds in after them
 NORMED_KINDS = ("linear", "lm_head")
+EPILOGUE_KINDS = ("add", "swiglu")
 
 
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
-    ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read: one GEMV launch
-    with that norm as its prologue; a linear op followed by the residual add of its output: one GEMV launch with
-    that add as its epilogue."""
-    kinds = {n.kind for n in members}
-    if len(kinds) == 1 and next(iter(kinds)) in _MERGED_BY_KIND:
-        return _MERGED_BY_KIND[next(iter(kinds))](members)
-    if len(members) >= 2 and members[-1].kind == "rmsnorm" and all(n.kind in NORMED_KINDS for n in members[:-1]):
-        return NormedLinear(members)
-    if len(members) == 2 and (members[0].kind, members[1].kind) == ("linear", "add"):
-        return ResidualLinear(members)
-    raise ConfigError(f"ops {[n.op for n in members]} ({sorted(kinds)}) cannot share one launch")
+    ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read and/or a residual
+    add or SwiGLU of their outputs: one GEMV launch with those folded in (``FoldedLinear``)."""
+    kinds = [n.kind for n in members]
+    if len(set(kinds)) == 1 and kinds[0] in _MERGED_BY_KIND:
+        return _MERGED_BY_KIND[kinds[0]](members)
+    n_lin = next((i for i, k in enumerate(kinds) if k not in NORMED_KINDS), len(kinds))
+    rest = kinds[n_lin:]
+    if n_lin and rest in (["rmsnorm"], *([e] for e in EPILOGUE_KINDS), *(["rmsnorm", e] for e in EPILOGUE_KINDS)):
+        return FoldedLinear(members)
+    raise ConfigError(f"ops {[n.op for n in members]} ({sorted(set(kinds))}) cannot share one launch")
 
 
 # ---- residual add ---------------------------------------------------------------------------------------------------

@@ -426,7 +426,8 @@ def matvec_dataflow(
     blocks = [rows * t.column(c)[1] for c in range(cols)]  # output rows column c produces per iteration
     starts = [sum(blocks[:c]) for c in range(cols)]
     iters = sum(nj // total for nj in shape.matrices())
-    normed, res = prenormed(shape), with_residual(shape)
+    normed, res, gate = prenormed(shape), with_residual(shape), gated(shape)
+    quiet = shape.parts[0] // total if gate else 0  # a gated launch's first matrix's blocks: kept, not written
     if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides), with what rides in it
         x = Fifo(
             "x", x_object(shape), "bf16", 1, shim_placement=Tile(0, SHIM_ROW), rides_with="w_0_0", role=f"{worker}.x"
@@ -467,9 +468,9 @@ def matvec_dataflow(
         for r in range(rows):
             if t.x_rides:  # one loop over every block and K chunk, x held throughout (resident_x_program)
                 first_row = _block_rows(shape, total, starts[c], blocks[c], r * tm) if res else None
-                program = resident_x_program(iters, ksteps, first_row)
+                program = resident_x_program(iters, ksteps, first_row, quiet)
                 loop = dict(iterations=1, calls_per_iteration=calls, program=program,
-                            acquires={w_in[r]: calls, "x": 1, y_out[r]: iters})  # fmt: skip
+                            acquires={w_in[r]: calls, "x": 1, y_out[r]: iters - quiet})  # fmt: skip
             else:
                 loop = dict(iterations=iters, calls_per_iteration=ksteps,
                             acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1})  # fmt: skip
@@ -485,8 +486,9 @@ def matvec_dataflow(
                 )
             )
     runs: list[list[tuple[str, str, str, Any]]] = []  # one unit of tasks per run of output blocks
-    for nj, (w_t, y_t) in zip(shape.matrices(), tensor_names(shape), strict=True):
+    for j_mat, (nj, (w_t, y_t)) in enumerate(zip(shape.matrices(), tensor_names(shape), strict=True)):
         its = nj // total  # iterations of this matrix: every column produces blocks[c] of its rows in each
+        y_t = "y" if gate else y_t  # a gated launch writes silu(first) * second, at the second's blocks
         for i0 in range(0, its, TAP_MAX_REPEAT):
             nb = min(TAP_MAX_REPEAT, its - i0)
             run: list[tuple[str, str, str, Any]] = []
@@ -513,6 +515,7 @@ def matvec_dataflow(
                 run += [
                     ("drain", y_fifo, y_t, tap)
                     for tap in stream_taps((m, nj), row0, [nb, rows, m, tm], [block, tm, nj, 1])
+                    if not (gate and j_mat == 0)
                 ]
             runs.append(run)
     rt = Runtime.packed([runs], device.shim.bds, {f.name: f.shim_placement for f in fifos})
@@ -520,29 +523,36 @@ def matvec_dataflow(
 
 
 def resident_x_program(
-    blocks: int, ksteps: int, first_row: Callable[[int], int] | None = None
+    blocks: int, ksteps: int, first_row: Callable[[int], int] | None = None, quiet: int = 0
 ) -> Callable[[Worker], Iterator[Op]]:
     """A matrix-vector worker's program when x stays resident (``Tiling.x_rides``): acquire the whole x once, then
     for each of ``blocks`` output blocks hold one output object while ``ksteps`` weight chunks stream past; each
     call is step k of ``ksteps`` of block b (the kernel reads chunk k of x, ``x_chunk``). ``first_row(b)``: the
     block's first output row, for a launch whose residual rides in x's object: each call also gets the worker's
-    rows of the residual (``residual_rows``)."""
+    rows of the residual (``residual_rows``). The first ``quiet`` blocks write no output object: a gated launch
+    keeps them in the worker (``Shape.gated``) and writes silu of each times the matching later block."""
 
     def program(w: Worker) -> Iterator[Op]:
         wf, xf = w.inputs
         (yf,) = w.outputs
         (x,) = yield Acquire(xf, 1)
         for b in range(blocks):
-            (y,) = yield Acquire(yf, 1)
+            ys = () if b < quiet else tuple((yield Acquire(yf, 1)))
             extra = () if first_row is None else (residual_rows(x, w.kernel.params, first_row(b)),)
             for step in range(ksteps):
                 (wb,) = yield Acquire(wf, 1)
-                yield Call((wb, x, *extra), (y,), b, step, ksteps)
+                yield Call((wb, x, *extra), ys, b, step, ksteps)
                 yield Release(wf, 1)
-            yield Release(yf, 1)
+            if ys:
+                yield Release(yf, 1)
         yield Release(xf, 1)
 
     return program
+
+
+def gated(shape: Any) -> bool:
+    """Whether the launch writes silu(first matrix) * second matrix (``Shape.gated``: SwiGLU as its epilogue)."""
+    return bool(getattr(shape, "gated", False))
 
 
 def with_residual(shape: Any) -> bool:
@@ -628,6 +638,8 @@ def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], 
     inputs += [TensorSpec("r", (shape.m, shape.n))] if with_residual(shape) else []
     inputs += [TensorSpec(w, (nj, stream.row), stream.dtype) for nj, (w, _) in zip(mats, names, strict=True)]
     outputs = [TensorSpec(y, (shape.m, nj)) for nj, (_, y) in zip(mats, names, strict=True)]
+    if gated(shape):
+        outputs = [TensorSpec("y", (shape.m, mats[1]))]
     return inputs, outputs
 
 

@@ -29,6 +29,7 @@ from math import prod
 
 import torch
 
+from tilepilot.kernels import swiglu
 from tilepilot.kernels.gemv import (
     K_GRANULE,
     MAX_TOKENS,
@@ -38,6 +39,7 @@ from tilepilot.kernels.gemv import (
     add_residual,
     check_feed,
     check_parts,
+    gated,
     matvec_dataflow,
     matvec_tensors,
     parts_suffix,
@@ -54,6 +56,7 @@ from tilepilot.kernels.gemv import (
     x_object,
 )
 from tilepilot.kernels.rmsnorm import normalize_rows
+from tilepilot.kernels.swiglu import silu_mul
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TileKernel
@@ -76,7 +79,9 @@ class Shape:
     ``norm_eps``: the launch's x is the *input* of an RMSNorm (weight tensor ``g``) that every worker applies to its
     resident x before the first call (``gemv.resident_x``): the norm's own launch is saved. ``residual``: y is added
     to the residual tensor ``r`` ([m, n], riding in x's object) before it is written, with the residual add's own
-    arithmetic (``gemv.add_residual``): the add's launch is saved. Both need ``x_rides``; a residual, one matrix."""
+    arithmetic (``gemv.add_residual``): the add's launch is saved. ``gated``: of two equal matrices (gate, up) only
+    silu(gate) * up is written (``swiglu.silu_mul``), each worker keeping its gate rows until their up rows are done:
+    the SwiGLU launch is saved. All need ``x_rides``; a residual one matrix."""
 
     n: int
     k: int
@@ -86,6 +91,7 @@ class Shape:
     parts: tuple[int, ...] = ()
     norm_eps: float | None = None
     residual: bool = False
+    gated: bool = False
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
@@ -115,8 +121,9 @@ class Config:
 
 
 def _rides(shape: Shape) -> bool:
-    """Whether something rides in the launch's resident x (a prologue's norm weight, an epilogue's residual)."""
-    return prenormed(shape) or with_residual(shape)
+    """Whether the launch needs a resident x: something rides in it (a prologue's norm weight, an epilogue's
+    residual), or its workers keep state across blocks (a gated launch's gate rows)."""
+    return prenormed(shape) or with_residual(shape) or gated(shape)
 
 
 def _err(message: str) -> DesignError:
@@ -161,8 +168,10 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.tile_m0 < 0:
         raise _err(f"tile_m0 {config.tile_m0} must be 0 (even split) or a row count")
     check_parts(shape, config.tiling().rows_per_iteration(), _err)
-    if (prenormed(shape) or with_residual(shape)) and not config.x_rides:
-        raise _err("an RMSNorm prologue or a residual epilogue rides in a resident x: it needs x_rides (2 channels)")
+    if _rides(shape) and not config.x_rides:
+        raise _err("an RMSNorm prologue or a residual or SwiGLU epilogue needs a resident x: x_rides (2 channels)")
+    if gated(shape) and (len(shape.parts) != 2 or shape.parts[0] != shape.parts[1] or with_residual(shape)):
+        raise _err("a SwiGLU epilogue gates the second of two equal matrices (gate, up) and takes no residual")
     if with_residual(shape) and shape.parts:
         raise _err("a residual epilogue adds to one matrix's outputs; a multi-matrix launch cannot take one")
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
@@ -177,24 +186,33 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
 
     def qmatvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
         wq, x = ins[:2]
-        (y,) = outs
         x = x_chunk(resident_x(x, shape, ctx), tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
         w = dequantize_packed(wq, fmt, block).to(torch.bfloat16)  # decode in the tile, one bf16 rounding
         if ctx.first:
-            ctx.scratch["acc"] = torch.zeros(y.shape, dtype=torch.float32)
+            ctx.scratch["acc"] = torch.zeros((m, tm), dtype=torch.float32)
         ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, "bf16"), "fp32")
-        if ctx.last:
-            out = nx.finish(ctx.scratch["acc"], "bf16")
-            y.copy_(add_residual(out, ins[2]) if res else out)  # the residual's rows ride in x (residual_rows)
+        if not ctx.last:
+            return
+        out = nx.finish(ctx.scratch["acc"], "bf16")
+        if gate and not outs:  # a gate block: kept until the up block of the same rows
+            ctx.scratch.setdefault("gate", {})[ctx.iteration] = out
+            return
+        if gate:
+            out = silu_mul(ctx.scratch["gate"].pop(ctx.iteration - quiet), out, exact=True)
+        elif res:
+            out = add_residual(out, ins[2])  # the residual's rows ride in x (residual_rows)
+        outs[0].copy_(out)
 
     tm, tk, m = tile_m or config.tile_m, config.tile_k, shape.m
-    res = with_residual(shape)
+    res, gate = with_residual(shape), gated(shape)
+    quiet = shape.parts[0] // config.tiling().rows_per_iteration() if gate else 0
+    epilogue_ops = m * tm * (swiglu.OPS_PER_ELEMENT if gate else res)  # charged every call (an upper bound)
     return TileKernel(
         name=f"qmatvec_{fmt}_b{block}_{tm}x{tk}",
         fn=qmatvec_tile,
         variant="vector",
         macs_per_call=m * tm * tk,
-        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk + res * m * tm,  # the epilogue's adds, charged every call
+        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk + epilogue_ops,
         bytes_per_call=tm * chunk_bytes(shape, tk) + 2 * m * tk + 4 * m * tm,
         params={
             "tile_m": tm,
@@ -218,8 +236,11 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     stream = WeightStream("uint8", rb, chunk_bytes(shape, tk))
     kernels = {t: _kernel(shape, config, t) for t in {tm, config.tile_m0} if t}
 
+    quiet = shape.parts[0] // config.tiling().rows_per_iteration() if gated(shape) else 0
+
     def local(rows: int) -> int:
-        return 4 * m * rows + prenorm_local_bytes(shape)  # fp32 accumulator (blocks decode in registers), normed x
+        # fp32 accumulator (blocks decode in registers), normed x, a gated launch's kept gate rows
+        return 4 * m * rows + prenorm_local_bytes(shape) + 2 * m * rows * quiet
 
     fifos, links, workers, rt = matvec_dataflow(
         shape, config.tiling(), stream, kernels.__getitem__, "qmv", local, device
@@ -227,7 +248,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     inputs, outputs = matvec_tensors(shape, stream)
     points = ("prologue:rmsnorm(fp32)->bf16",) if prenormed(shape) else ()
     tail = ("epilogue:add(fp32)->bf16",) if with_residual(shape) else ()
-    suffix = ("_rms" if points else "") + ("_res" if tail else "")
+    tail += ("epilogue:silu*up(fp32)->bf16",) if gated(shape) else ()
+    suffix = ("_rms" if points else "") + ("_res" if with_residual(shape) else "") + ("_glu" if gated(shape) else "")
     design = Design(
         name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}{suffix}",
         device=device,
@@ -269,6 +291,8 @@ def _fast(shape: Shape, config: Config):
             out[y_t] = nx.matmul(x, w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
             if with_residual(shape):
                 out[y_t] = add_residual(out[y_t], inputs["r"])
+        if gated(shape):
+            return {"y": silu_mul(out["y0"], out["y1"], exact=exact)}
         return out
 
     return fast
@@ -283,6 +307,8 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
     for w_t, y_t in tensor_names(shape):
         w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
         out[y_t] = linear(x, w) + (inputs["r"].to(torch.float32) if with_residual(shape) else 0)
+    if gated(shape):
+        return {"y": torch.nn.functional.silu(out["y0"]) * out["y1"]}
     return out
 
 

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from tilepilot.kernels.bind import make_config, merged_launch
+from tilepilot.kernels.bind import NORMED_KINDS, make_config, merged_launch
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import MERGED_KIND, NORMED_FAMILIES, DeploymentPlan, KernelGroup, merge_problems
+from tilepilot.plan.plan import FOLDED_KINDS, MERGED_KIND, NORMED_FAMILIES, DeploymentPlan, KernelGroup, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
 Tuner = Callable[[str, Any], dict[str, Any]]
@@ -135,10 +135,11 @@ def split_stage(
     for g in new.stage(stage).groups():
         keep = []
         for m in g.merged:
-            last = graph.node(m[-1]).kind
-            if last in ("rmsnorm", "add") and last in kinds:  # a prologue or an epilogue: the GEMV run stays
-                keep += [m[:-1]] if len(m) > 2 else []
-            elif graph.node(m[0]).kind not in kinds or last in ("rmsnorm", "add"):
+            nodes = [graph.node(o) for o in m]
+            if any(n.kind in FOLDED_KINDS for n in nodes):  # a GEMV with folded ops: take out the named ones
+                rest = [o for o, n in zip(m, nodes, strict=True) if n.kind not in kinds]
+                keep += [rest] if len(rest) > 1 else []
+            elif nodes[0].kind not in kinds:
                 keep.append(m)
         changed |= keep != g.merged
         g.merged = keep
@@ -148,7 +149,8 @@ def split_stage(
 def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
     """(the merged run it extends or None, the new run) for every RMSNorm of ``group`` whose readers are all GEMV ops
     of a family with an RMSNorm prologue (``NORMED_FAMILIES``) in this group, one merged run of them or a single op:
-    that run with the norm appended (``kernels.bind.NormedLinear``), when ``plan.merge_problems`` accepts it."""
+    that run with the norm after its linear ops (``kernels.bind.FoldedLinear``), when ``plan.merge_problems``
+    accepts it."""
     if group.where != "npu":
         return []
     graph = block_graph(spec)
@@ -162,11 +164,10 @@ def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | N
         if not readers or any(r not in calls or calls[r].family not in NORMED_FAMILIES for r in readers):
             continue
         old = next((m for m in group.merged if set(readers) <= set(m)), None)
-        if old is not None and set(old) != set(readers):
-            continue
-        run = [*(old or readers), c.op]
-        if old is None and len(readers) > 1:
+        lins = [o for o in old if graph.node(o).kind in NORMED_KINDS] if old else readers
+        if set(lins) != set(readers) or (old is None and len(readers) > 1):
             continue  # several unmerged readers: multi-matrix-launches merges them first
+        run = [*lins, c.op, *[o for o in old or () if o not in lins]]
         if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
             out.append((old, run))
     return out
@@ -175,7 +176,7 @@ def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | N
 def residual_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[None, list[str]]]:
     """(None, ``[linear, add]``) for every residual add of ``group`` whose other operand is the output of an unmerged
     GEMV op of a family with a residual epilogue (``NORMED_FAMILIES``) in this group, when ``plan.merge_problems``
-    accepts the pair as one launch (``kernels.bind.ResidualLinear``)."""
+    accepts the pair as one launch (``kernels.bind.FoldedLinear``)."""
     if group.where != "npu":
         return []
     graph = block_graph(spec)
@@ -195,6 +196,28 @@ def residual_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[None, list[
     return out
 
 
+def gated_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str], list[str]]]:
+    """(the merged run it extends, the new run) for every SwiGLU of ``group`` whose gate and up are the linear ops of
+    one merged run of a GEMV family that folds (``NORMED_FAMILIES``): that run with the SwiGLU last
+    (``kernels.bind.FoldedLinear``), when ``plan.merge_problems`` accepts it."""
+    if group.where != "npu":
+        return []
+    graph = block_graph(spec)
+    taken = {o for m in group.merged for o in m}
+    out: list[tuple[list[str], list[str]]] = []
+    for c in group.calls:
+        node = graph.node(c.op)
+        if node.kind != "swiglu" or c.family != "swiglu" or c.op in taken:
+            continue
+        old = next((m for m in group.merged if set(node.inputs) <= set(m)), None)
+        if old is None or [o for o in old if graph.node(o).kind in NORMED_KINDS] != list(node.inputs):
+            continue
+        run = [*old, c.op]
+        if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
+            out.append((old, run))
+    return out
+
+
 def normed_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` runs every RMSNorm it can as the prologue of the GEMV launch that reads it
     (``normed_runs``); None when none can."""
@@ -205,6 +228,12 @@ def residual_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | N
     """A copy of ``plan`` whose ``stage`` runs every residual add it can as the epilogue of the GEMV launch whose
     output it adds (``residual_runs``); None when none can."""
     return _folded_stage(plan, stage, residual_runs, tuner)
+
+
+def gated_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs every SwiGLU it can as the epilogue of the gate/up GEMV launch whose
+    outputs it gates (``gated_runs``); None when none can."""
+    return _folded_stage(plan, stage, gated_runs, tuner)
 
 
 def _folded_stage(
@@ -229,7 +258,7 @@ def _folded_stage(
 
 
 # Merged runs of these kinds are packing choices worth refitting without: each holds several ops' rows on one tile.
-SPLITTABLE = (("rope",), ("bias",), ("rope", "bias"), ("rmsnorm",), ("add",), ("rmsnorm", "add"))
+SPLITTABLE = (("rope",), ("bias",), ("rope", "bias"), FOLDED_KINDS)
 
 
 def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[DeploymentPlan, str]]:
@@ -244,6 +273,7 @@ def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tu
         "bias": "Q's, K's and V's bias adds",
         "rmsnorm": "the RMSNorm prologues",
         "add": "the residual epilogues",
+        "swiglu": "the SwiGLU epilogues",
     }
     for kinds in SPLITTABLE:
         alt = split_stage(plan, stage, kinds)

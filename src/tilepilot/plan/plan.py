@@ -67,10 +67,11 @@ class KernelCall:
 # launch over Q's and K's heads (``kernels.bind.MergedRope``), one bias launch over Q's, K's and V's biases
 # (``kernels.bind.MergedBias``)
 MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bias"}
-# GEMV families whose launch may also serve the RMSNorm its ops read, as the run's last op
-# (``kernels.bind.NormedLinear``: a run ``[q_proj, k_proj, v_proj, attn_norm]`` normalizes x in every worker first),
-# or the residual add of its output (``kernels.bind.ResidualLinear``: ``[o_proj, resid1]``)
+# GEMV families whose launch may also serve small ops next to it (``kernels.bind.FoldedLinear``): the RMSNorm its ops
+# read (``[q_proj, k_proj, v_proj, attn_norm]``: every worker normalizes x first), the residual add of its output
+# (``[o_proj, resid1]``) or the SwiGLU of its two outputs (``[gate_proj, up_proj, ffn_norm, swiglu]``)
 NORMED_FAMILIES = ("qgemv",)
+FOLDED_KINDS = ("rmsnorm", "add", "swiglu")
 
 
 @dataclass
@@ -80,8 +81,8 @@ class KernelGroup:
     ``merged``: runs of the group's ops that one launch serves (e.g. ``["q_proj", "k_proj", "v_proj"]``): linear ops
     of one mergeable family reading the same input, run as one multi-matrix launch, or RoPE ops (Q's and K's), run
     as one launch over all their heads; at the first op's place with the first op's config (one design switch
-    instead of several). GEMV ops followed by the RMSNorm they read (``[q_proj, k_proj, v_proj, attn_norm]``) are
-    one GEMV launch with the norm as its prologue; the norm's own launch is saved."""
+    instead of several). GEMV ops followed by the RMSNorm they read and/or the add or SwiGLU of their outputs
+    (``[gate_proj, up_proj, ffn_norm, swiglu]``) are one GEMV launch with those folded in; their launches are saved."""
 
     name: str
     calls: list[KernelCall]
@@ -379,11 +380,8 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
             problems.append(f"{what} repeats ops of another merge; an op runs in one launch")
         seen |= set(m)
         nodes = [graph.node(o) for o in m]
-        if nodes[-1].kind == "rmsnorm":
-            problems += _normed_problems(what, g, m, nodes, graph)
-            continue
-        if nodes[-1].kind == "add":
-            problems += _residual_problems(what, g, m, nodes, graph)
+        if any(n.kind in FOLDED_KINDS for n in nodes):
+            problems += _folded_problems(what, g, m, nodes, graph)
             continue
         fams = {calls[o].family for o in m}
         fam = next(iter(fams)) if len(fams) == 1 else None
@@ -403,46 +401,54 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
     return problems
 
 
-def _normed_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
-    """Why a run of GEMV ops followed by the RMSNorm they read (``kernels.bind.NormedLinear``) cannot be one launch:
-    the ops before the norm are linear (or LM head) ops of one GEMV family and format that all read the norm's
-    output, and nothing else of the block or head reads it (the launch does not write it)."""
+def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
+    """Why a GEMV run with folded ops (``kernels.bind.FoldedLinear``: linear ops, then optionally the RMSNorm they read,
+    then optionally the residual add of the one linear's output or the SwiGLU of the two linears' outputs) cannot be
+    one launch: the linear ops are of one GEMV family that folds (``NORMED_FAMILIES``) and one format; every value
+    the launch does not write (the norm's output, the linears' outputs under an epilogue) is read by no op outside
+    the run; an add's residual is computed before the run's first op (the launch runs there)."""
     calls = {c.op: c for c in g.calls}
-    *lins, norm = nodes
+    lins = [n for n in nodes if n.kind in ("linear", "lm_head")]
+    rest = [n for n in nodes if n not in lins]
+    norm = next((n for n in rest if n.kind == "rmsnorm"), None)
+    ep = next((n for n in rest if n.kind in ("add", "swiglu")), None)
+    shape_ok = nodes[: len(lins)] == lins and rest == [n for n in (norm, ep) if n is not None] and lins
     fams = {calls[n.op].family for n in lins}
-    if fams - set(NORMED_FAMILIES) or len(fams) != 1 or any(n.kind not in ("linear", "lm_head") for n in lins):
-        return [f"{what}: the ops before an RMSNorm must be linear ops of one of {NORMED_FAMILIES}, got {sorted(fams)}"]
+    if not shape_ok or len(fams) != 1 or fams - set(NORMED_FAMILIES):
+        return [
+            f"{what}: a folded run is linear ops of one of {NORMED_FAMILIES}, then the RMSNorm they read and/or the "
+            f"add or SwiGLU of their outputs, got {[n.op for n in nodes]} on {sorted(fams)}"
+        ]
     problems = []
-    if calls[norm.op].family != "rmsnorm":
-        problems.append(f"{what}: {norm.op} runs as {calls[norm.op].family}, not rmsnorm; it cannot be a prologue")
     if len({(calls[n.op].config.get("fmt"), calls[n.op].config.get("block")) for n in lins}) != 1:
         problems.append(f"{what} mixes weight formats; one launch decodes one format")
-    if any(tuple(n.inputs) != (norm.output,) for n in lins):
-        problems.append(f"{what}: every op before {norm.op} must read {norm.output} alone")
-    readers = {n.op for n in graph.block + graph.head if norm.output in n.inputs}
-    if readers - set(m):
-        problems.append(f"{what}: {sorted(readers - set(m))} also read {norm.output}, which the launch does not write")
-    return problems
-
-
-def _residual_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
-    """Why ``[linear, add]`` cannot be one GEMV launch with the add as its epilogue (``kernels.bind.ResidualLinear``):
-    a linear op of a GEMV family with one, whose output the add alone reads, added to a value computed before the
-    linear's place (the launch runs there)."""
-    calls = {c.op: c for c in g.calls}
-    if len(nodes) != 2 or nodes[0].kind != "linear" or calls[nodes[0].op].family not in NORMED_FAMILIES:
-        return [f"{what}: a residual epilogue takes one linear op of {NORMED_FAMILIES} and the add of its output"]
-    lin, add = nodes
-    problems = []
-    if calls[add.op].family != "eltwise" or lin.output not in add.inputs:
-        problems.append(f"{what}: {add.op} must be the eltwise add of {lin.output}")
-    readers = {n.op for n in graph.block + graph.head if lin.output in n.inputs}
-    if readers - {add.op}:
-        problems.append(f"{what}: {sorted(readers - {add.op})} also read {lin.output}, which the launch does not write")
-    order = [c.op for c in g.calls]
-    later = {graph.node(o).output for o in order[order.index(lin.op) :]}
-    if any(v in later for v in add.inputs if v != lin.output):
-        problems.append(f"{what}: {add.op}'s residual is computed at or after {lin.op}; the launch runs there")
+    hidden = []  # values the launch computes but does not write
+    if norm is not None:
+        hidden.append(norm.output)
+        if calls[norm.op].family != "rmsnorm":
+            problems.append(f"{what}: {norm.op} runs as {calls[norm.op].family}, not rmsnorm; it cannot be a prologue")
+        if any(tuple(n.inputs) != (norm.output,) for n in lins):
+            problems.append(f"{what}: every linear op must read {norm.output} alone")
+    elif len({tuple(n.inputs) for n in lins}) != 1:
+        problems.append(f"{what} reads different inputs; a multi-matrix launch streams one x")
+    if ep is not None:
+        hidden += [n.output for n in lins]
+        want = {"add": "eltwise", "swiglu": "swiglu"}[ep.kind]
+        if calls[ep.op].family != want:
+            problems.append(f"{what}: {ep.op} must run as {want} to fold")
+        if ep.kind == "add" and (len(lins) != 1 or lins[0].output not in ep.inputs):
+            problems.append(f"{what}: a residual epilogue is the add of its one linear op's output")
+        if ep.kind == "swiglu" and tuple(ep.inputs) != tuple(n.output for n in lins):
+            problems.append(f"{what}: a SwiGLU epilogue gates its two linear ops' outputs, gate first")
+        if ep.kind == "add":
+            order = [c.op for c in g.calls]
+            later = {graph.node(o).output for o in order[order.index(m[0]) :]}
+            if any(v in later for v in ep.inputs if v not in hidden):
+                problems.append(f"{what}: {ep.op}'s residual is computed at or after {m[0]}; the launch runs there")
+    for v in hidden:
+        readers = {n.op for n in graph.block + graph.head if v in n.inputs} - set(m)
+        if readers:
+            problems.append(f"{what}: {sorted(readers)} also read {v}, which the launch does not write")
     return problems
 
 

@@ -5,7 +5,7 @@ host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch p
 "AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
 fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
 skips the masked ones); AIR then built a template per window so the readback matches the context
-(53.0 -> 58.6 tok/s). Six skills, tried in this order by the decode phase:
+(53.0 -> 58.6 tok/s). Seven skills, tried in this order by the decode phase:
 
 - ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
   (``StagePlan.one_dispatch``),
@@ -22,12 +22,16 @@ skips the masked ones); AIR then built a template per window so the readback mat
   one design switch (and one x or table stream) instead of several, bit-identical outputs.
 
 - ``rmsnorm-prologue``: an RMSNorm that only quantized GEMVs read runs inside their launch, every worker normalizing
-  its resident x before the first call (``plan.merge.normed_stage``, ``kernels.bind.NormedLinear``): one launch
+  its resident x before the first call (``plan.merge.normed_stage``, ``kernels.bind.FoldedLinear``): one launch
   fewer per norm, bit-identical outputs.
 
 - ``residual-epilogue``: a residual add of a quantized GEMV's output runs inside that launch, every worker adding
   its rows of the residual (riding in its resident x) before writing them (``plan.merge.residual_stage``,
-  ``kernels.bind.ResidualLinear``): one launch fewer per add, bit-identical outputs.
+  ``kernels.bind.FoldedLinear``): one launch fewer per add, bit-identical outputs.
+
+- ``swiglu-epilogue``: the SwiGLU of a quantized gate/up launch's outputs runs inside it, every worker keeping its
+  gate rows until its up rows are done and writing silu(gate) * up (``plan.merge.gated_stage``): one launch fewer
+  per layer, half the launch's output bytes, bit-identical outputs.
 
 - ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
   module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
@@ -49,7 +53,7 @@ from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
-from tilepilot.plan.merge import merged_stage, normed_stage, packing_alternatives, residual_stage
+from tilepilot.plan.merge import gated_stage, merged_stage, normed_stage, packing_alternatives, residual_stage
 from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
@@ -218,6 +222,26 @@ class ResidualEpilogue(_FoldIntoGemv):
     )
     what = "epilogue"
     fold = staticmethod(residual_stage)
+
+
+class SwigluEpilogue(_FoldIntoGemv):
+    name = "swiglu-epilogue"
+    description = (
+        "Runs the SwiGLU of a quantized gate/up launch's two outputs as that launch's epilogue: every worker keeps "
+        "its rows of gate until it has computed the same rows of up and writes silu(gate) * up only. Use when a "
+        "quantized decode launches a one-token SwiGLU after a merged gate/up projection."
+    )
+    purpose = (
+        "Removes the SwiGLU launch of every layer and halves the projection's output bytes (gate is never written); "
+        "the outputs are bit-identical (the SwiGLU kernel's own arithmetic)."
+    )
+    commands = ("tilepilot skills run swiglu-epilogue WORKSPACE --json",)
+    failure_modes = (
+        "Gate and up not merged into one launch (run multi-matrix-launches first): nothing to fold.",
+        "A config whose workers cannot hold their gate rows in tile memory is re-tiled by the tuner.",
+    )
+    what = "epilogue"
+    fold = staticmethod(gated_stage)
 
 
 class ResidentDecode(PlanOptimization):
