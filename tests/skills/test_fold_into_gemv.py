@@ -89,25 +89,6 @@ def _logits(plan, ck, lib):
     return out, lib.timed_dispatches(one_dispatch_name("decode"))[-1]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_a_decode_pass_with_norm_prologues_gives_the_same_logits_with_fewer_launches(tiny_model, family):
-    ck = load_checkpoint(tiny_model(family, layers=2))
-    merged = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
-    normed = normed_stage(merged)
-    assert normed is not None and validate_plan(normed) == []
-    runs = [m for g in normed.decode.block for m in g.merged]
-    assert ["gate_proj", "up_proj", "ffn_norm"] in runs and ["q_proj", "k_proj", "v_proj", "attn_norm"] in runs
-    assert normed_stage(normed) is None
-    back = split_stage(normed, kinds=("rmsnorm",))  # what resident-decode also fits (packing_alternatives)
-    assert [m for g in back.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
-    lib = KernelLibrary()
-    before, one_before = _logits(merged, ck, lib)
-    after, one_after = _logits(normed, ck, lib)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert one_before.launches - one_after.launches == 2 * ck.spec.n_layers
-    assert one_after.seconds < one_before.seconds
-
-
 def test_a_norm_whose_output_another_op_reads_is_refused(tiny_model):
     spec = load_checkpoint(tiny_model("llama", layers=1)).spec
     plan = merged_stage(fused_stage(with_weights(paper_like_plan(spec), WeightFormat("q4_0"))))
@@ -118,20 +99,6 @@ def test_a_norm_whose_output_another_op_reads_is_refused(tiny_model):
     graph = block_graph(spec)
     launch = merged_launch(tuple(graph.node(o) for o in ("q_proj", "attn_norm")))
     assert isinstance(launch, FoldedLinear) and launch.reads == ("x",) and launch.writes == (graph.node("q_proj"),)
-
-
-def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
-    ctx = fresh_ctx("llama", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
-    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q4_0")))))
-    ctx.opt_stage = "decode"
-    result = RmsNormPrologue().run(ctx)
-    assert result.status == "applied", result.summary
-    (row,) = result.evidence["applied"]
-    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
-    assert any(m[-1] == "attn_norm" for g in ctx.plan.decode.block for m in g.merged)
-    report, _ = model_gate(ctx, ctx.plan)
-    assert report.passed, report.failures
-    assert RmsNormPrologue().run(ctx).status == "skipped"
 
 
 def test_an_object_gathered_from_several_fills_must_be_completed_in_its_task_group():
@@ -185,23 +152,35 @@ def test_a_residual_needs_a_resident_x_and_one_matrix():
         qgemv.make_design(qgemv.Shape(128, 128, 1, "q4_1", parts=(64, 64), residual=True), CASES[1][1])
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_a_decode_pass_with_residual_epilogues_gives_the_same_logits_with_fewer_launches(tiny_model, family):
+@pytest.mark.parametrize(
+    ("family", "fold", "kind", "runs"),
+    [
+        (
+            fam,
+            normed_stage,
+            "rmsnorm",
+            [["q_proj", "k_proj", "v_proj", "attn_norm"], ["gate_proj", "up_proj", "ffn_norm"]],
+        )
+        for fam in ("llama", "qwen2", "qwen3")
+    ]
+    + [(fam, residual_stage, "add", [["o_proj", "resid1"], ["down_proj", "resid2"]]) for fam in ("llama", "qwen3")],
+)
+def test_a_decode_pass_with_a_fold_gives_the_same_logits_with_fewer_launches(tiny_model, family, fold, kind, runs):
+    """Each fold alone, on the plan the skills before it leave: two launches fewer per layer, the same logits, less
+    modeled time; and splitting it again (what resident-decode also fits) gives back the plan it started from."""
     ck = load_checkpoint(tiny_model(family, layers=2))
-    normed = normed_stage(merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0")))))
-    folded = residual_stage(normed)
-    assert folded is not None and validate_plan(folded) == []
-    runs = [m for g in folded.decode.block for m in g.merged]
-    assert ["o_proj", "resid1"] in runs and ["down_proj", "resid2"] in runs
-    assert residual_stage(folded) is None
+    merged = merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q4_0"))))
+    folded = fold(merged)
+    assert folded is not None and validate_plan(folded) == [] and fold(folded) is None
+    assert all(r in [m for g in folded.decode.block for m in g.merged] for r in runs)
+    back = split_stage(folded, kinds=(kind,))
+    assert [m for g in back.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
     lib = KernelLibrary()
-    before, one_before = _logits(normed, ck, lib)
+    before, one_before = _logits(merged, ck, lib)
     after, one_after = _logits(folded, ck, lib)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert one_before.launches - one_after.launches == 2 * ck.spec.n_layers
     assert one_after.seconds < one_before.seconds
-    back = split_stage(folded, kinds=("add",))
-    assert [m for g in back.decode.block for m in g.merged] == [m for g in normed.decode.block for m in g.merged]
 
 
 def test_a_residual_fold_whose_output_another_op_reads_is_refused(tiny_model):
@@ -214,18 +193,6 @@ def test_a_residual_fold_whose_output_another_op_reads_is_refused(tiny_model):
     launch = merged_launch((graph.node("down_proj"), graph.node("resid2")))
     assert isinstance(launch, FoldedLinear) and launch.reads == ("swiglu", "resid1")
     assert launch.writes == (graph.node("resid2"),)
-
-
-def test_the_residual_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
-    ctx = fresh_ctx("qwen2", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
-    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q4_1")))))
-    ctx.opt_stage = "decode"
-    result = ResidualEpilogue().run(ctx)
-    assert result.status == "applied", result.summary
-    (row,) = result.evidence["applied"]
-    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
-    assert any(m == ["down_proj", "resid2"] for g in ctx.plan.decode.block for m in g.merged)
-    assert ResidualEpilogue().run(ctx).status == "skipped"
 
 
 GLU_CASES = [
@@ -282,13 +249,24 @@ def test_every_fold_together_gives_the_same_logits_with_four_launches_fewer_per_
     assert [m for g in unfolded.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
 
 
-def test_the_swiglu_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
-    ctx = fresh_ctx("smollm2", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
-    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat("q8_0")))))
+@pytest.mark.parametrize(
+    ("skill", "family", "fmt", "run"),
+    [
+        (RmsNormPrologue, "llama", "q4_0", ["q_proj", "k_proj", "v_proj", "attn_norm"]),
+        (ResidualEpilogue, "qwen2", "q4_1", ["down_proj", "resid2"]),
+        (SwigluEpilogue, "smollm2", "q8_0", ["gate_proj", "up_proj", "swiglu"]),
+    ],
+    ids=lambda v: getattr(v, "name", None) if isinstance(v, type) else None,
+)
+def test_each_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx, skill, family, fmt, run):
+    ctx = fresh_ctx(family, layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), WeightFormat(fmt)))))
     ctx.opt_stage = "decode"
-    result = SwigluEpilogue().run(ctx)
+    result = skill().run(ctx)
     assert result.status == "applied", result.summary
     (row,) = result.evidence["applied"]
     assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
-    assert any(m == ["gate_proj", "up_proj", "swiglu"] for g in ctx.plan.decode.block for m in g.merged)
-    assert SwigluEpilogue().run(ctx).status == "skipped"
+    assert any(m == run for g in ctx.plan.decode.block for m in g.merged)
+    report, _ = model_gate(ctx, ctx.plan)
+    assert report.passed, report.failures
+    assert skill().run(ctx).status == "skipped"

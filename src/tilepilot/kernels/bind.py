@@ -244,7 +244,7 @@ class FoldedLinear(_Merged):
 
     @property
     def linears(self) -> tuple[OpNode, ...]:
-        return tuple(n for n in self.members if n.kind in NORMED_KINDS)
+        return tuple(n for n in self.members if n.kind in LINEAR_KINDS)
 
     @property
     def norm(self) -> OpNode | None:
@@ -307,7 +307,7 @@ def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config:
 MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
 # op kinds a GEMV launch with folded ops serves (``FoldedLinear``), and the kinds it folds in after them
-NORMED_KINDS = ("linear", "lm_head")
+LINEAR_KINDS = ("linear", "lm_head")
 EPILOGUE_KINDS = ("add", "swiglu")
 
 
@@ -318,7 +318,7 @@ def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     kinds = [n.kind for n in members]
     if len(set(kinds)) == 1 and kinds[0] in _MERGED_BY_KIND:
         return _MERGED_BY_KIND[kinds[0]](members)
-    n_lin = next((i for i, k in enumerate(kinds) if k not in NORMED_KINDS), len(kinds))
+    n_lin = next((i for i, k in enumerate(kinds) if k not in LINEAR_KINDS), len(kinds))
     rest = kinds[n_lin:]
     if n_lin and rest in (["rmsnorm"], *([e] for e in EPILOGUE_KINDS), *(["rmsnorm", e] for e in EPILOGUE_KINDS)):
         return FoldedLinear(members)

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from tilepilot.kernels.bind import NORMED_KINDS, make_config, merged_launch
+from tilepilot.kernels.bind import LINEAR_KINDS, make_config, merged_launch
 from tilepilot.kernels.registry import family
 from tilepilot.model.graph import block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import FOLDED_KINDS, MERGED_KIND, NORMED_FAMILIES, DeploymentPlan, KernelGroup, merge_problems
+from tilepilot.plan.plan import FOLD_FAMILIES, FOLDED_KINDS, MERGED_KIND, DeploymentPlan, KernelGroup, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
 Tuner = Callable[[str, Any], dict[str, Any]]
@@ -148,7 +148,7 @@ def split_stage(
 
 def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
     """(the merged run it extends or None, the new run) for every RMSNorm of ``group`` whose readers are all GEMV ops
-    of a family with an RMSNorm prologue (``NORMED_FAMILIES``) in this group, one merged run of them or a single op:
+    of a family with an RMSNorm prologue (``FOLD_FAMILIES``) in this group, one merged run of them or a single op:
     that run with the norm after its linear ops (``kernels.bind.FoldedLinear``), when ``plan.merge_problems``
     accepts it."""
     if group.where != "npu":
@@ -161,10 +161,10 @@ def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | N
         if node.kind != "rmsnorm" or c.family != "rmsnorm" or any(c.op in m for m in group.merged):
             continue
         readers = [n.op for n in graph.block + graph.head if node.output in n.inputs]
-        if not readers or any(r not in calls or calls[r].family not in NORMED_FAMILIES for r in readers):
+        if not readers or any(r not in calls or calls[r].family not in FOLD_FAMILIES for r in readers):
             continue
         old = next((m for m in group.merged if set(readers) <= set(m)), None)
-        lins = [o for o in old if graph.node(o).kind in NORMED_KINDS] if old else readers
+        lins = [o for o in old if graph.node(o).kind in LINEAR_KINDS] if old else readers
         if set(lins) != set(readers) or (old is None and len(readers) > 1):
             continue  # several unmerged readers: multi-matrix-launches merges them first
         run = [*lins, c.op, *[o for o in old or () if o not in lins]]
@@ -175,7 +175,7 @@ def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | N
 
 def residual_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[None, list[str]]]:
     """(None, ``[linear, add]``) for every residual add of ``group`` whose other operand is the output of an unmerged
-    GEMV op of a family with a residual epilogue (``NORMED_FAMILIES``) in this group, when ``plan.merge_problems``
+    GEMV op of a family with a residual epilogue (``FOLD_FAMILIES``) in this group, when ``plan.merge_problems``
     accepts the pair as one launch (``kernels.bind.FoldedLinear``)."""
     if group.where != "npu":
         return []
@@ -188,7 +188,7 @@ def residual_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[None, list[
         if node.kind != "add" or c.family != "eltwise" or c.op in taken:
             continue
         for v in node.inputs:
-            if v in calls and v not in taken and calls[v].family in NORMED_FAMILIES and graph.node(v).kind == "linear":
+            if v in calls and v not in taken and calls[v].family in FOLD_FAMILIES and graph.node(v).kind == "linear":
                 run = [v, c.op]
                 if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
                     out.append((None, run))
@@ -198,7 +198,7 @@ def residual_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[None, list[
 
 def gated_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str], list[str]]]:
     """(the merged run it extends, the new run) for every SwiGLU of ``group`` whose gate and up are the linear ops of
-    one merged run of a GEMV family that folds (``NORMED_FAMILIES``): that run with the SwiGLU last
+    one merged run of a GEMV family that folds (``FOLD_FAMILIES``): that run with the SwiGLU last
     (``kernels.bind.FoldedLinear``), when ``plan.merge_problems`` accepts it."""
     if group.where != "npu":
         return []
@@ -210,7 +210,7 @@ def gated_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str], lis
         if node.kind != "swiglu" or c.family != "swiglu" or c.op in taken:
             continue
         old = next((m for m in group.merged if set(node.inputs) <= set(m)), None)
-        if old is None or [o for o in old if graph.node(o).kind in NORMED_KINDS] != list(node.inputs):
+        if old is None or [o for o in old if graph.node(o).kind in LINEAR_KINDS] != list(node.inputs):
             continue
         run = [*old, c.op]
         if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):

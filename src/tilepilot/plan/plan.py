@@ -70,7 +70,7 @@ MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bia
 # GEMV families whose launch may also serve small ops next to it (``kernels.bind.FoldedLinear``): the RMSNorm its ops
 # read (``[q_proj, k_proj, v_proj, attn_norm]``: every worker normalizes x first), the residual add of its output
 # (``[o_proj, resid1]``) or the SwiGLU of its two outputs (``[gate_proj, up_proj, ffn_norm, swiglu]``)
-NORMED_FAMILIES = ("qgemv",)
+FOLD_FAMILIES = ("qgemv",)
 FOLDED_KINDS = ("rmsnorm", "add", "swiglu")
 
 
@@ -404,7 +404,7 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
 def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
     """Why a GEMV run with folded ops (``kernels.bind.FoldedLinear``: linear ops, then optionally the RMSNorm they read,
     then optionally the residual add of the one linear's output or the SwiGLU of the two linears' outputs) cannot be
-    one launch: the linear ops are of one GEMV family that folds (``NORMED_FAMILIES``) and one format; every value
+    one launch: the linear ops are of one GEMV family that folds (``FOLD_FAMILIES``) and one format; every value
     the launch does not write (the norm's output, the linears' outputs under an epilogue) is read by no op outside
     the run; an add's residual is computed before the run's first op (the launch runs there)."""
     calls = {c.op: c for c in g.calls}
@@ -414,9 +414,9 @@ def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph
     ep = next((n for n in rest if n.kind in ("add", "swiglu")), None)
     shape_ok = nodes[: len(lins)] == lins and rest == [n for n in (norm, ep) if n is not None] and lins
     fams = {calls[n.op].family for n in lins}
-    if not shape_ok or len(fams) != 1 or fams - set(NORMED_FAMILIES):
+    if not shape_ok or len(fams) != 1 or fams - set(FOLD_FAMILIES):
         return [
-            f"{what}: a folded run is linear ops of one of {NORMED_FAMILIES}, then the RMSNorm they read and/or the "
+            f"{what}: a folded run is linear ops of one of {FOLD_FAMILIES}, then the RMSNorm they read and/or the "
             f"add or SwiGLU of their outputs, got {[n.op for n in nodes]} on {sorted(fams)}"
         ]
     problems = []
