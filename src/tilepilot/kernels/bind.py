@@ -25,7 +25,7 @@ import torch
 
 from tilepilot.errors import ConfigError
 from tilepilot.kernels.registry import family as family_module
-from tilepilot.model.graph import OpNode, weight_shape
+from tilepilot.model.graph import EPILOGUE_KINDS, LINEAR_KINDS, OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.design import torch_dtype
 from tilepilot.npu.timing import time_group
@@ -273,7 +273,7 @@ class FoldedLinear(_Merged):
         if len(self.linears) > 1:
             inner = MergedLinear(self.linears).shape(family, spec, rows, config)
         else:
-            inner = _linear_shape(self.linears[0], family, spec, rows, config)
+            inner = binding(self.linears[0], family).shape(self.linears[0], spec, rows, 0, config)
         ep = self.epilogue.kind if self.epilogue is not None else None
         eps = spec.rms_eps if self.norm is not None else None
         return replace(inner, norm_eps=eps, residual=ep == "add", gated=ep == "swiglu")
@@ -296,19 +296,8 @@ class FoldedLinear(_Merged):
         return [out[f"y{j}"] for j in range(len(mats))]
 
 
-def _linear_shape(node: OpNode, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
-    """The family shape of one linear (or LM head) op on the GEMV families."""
-    n, k = weight_shape(spec, node.weights[0])
-    if family == "gemv":
-        return family_module("gemv").Shape(n=n, k=k, m=rows)
-    return family_module("qgemv").Shape(n=n, k=k, m=rows, fmt=config.get("fmt", "q4_0"), block=config.get("block", 32))
-
-
 MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
-# op kinds a GEMV launch with folded ops serves (``FoldedLinear``), and the kinds it folds in after them
-LINEAR_KINDS = ("linear", "lm_head")
-EPILOGUE_KINDS = ("add", "swiglu")
 
 
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:

@@ -427,7 +427,7 @@ def matvec_dataflow(
     starts = [sum(blocks[:c]) for c in range(cols)]
     iters = sum(nj // total for nj in shape.matrices())
     normed, res, gate = prenormed(shape), with_residual(shape), gated(shape)
-    quiet = shape.parts[0] // total if gate else 0  # a gated launch's first matrix's blocks: kept, not written
+    quiet = gate_blocks(shape, total)
     if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides), with what rides in it
         x = Fifo(
             "x", x_object(shape), "bf16", 1, shim_placement=Tile(0, SHIM_ROW), rides_with="w_0_0", role=f"{worker}.x"
@@ -553,6 +553,12 @@ def resident_x_program(
 def gated(shape: Any) -> bool:
     """Whether the launch writes silu(first matrix) * second matrix (``Shape.gated``: SwiGLU as its epilogue)."""
     return bool(getattr(shape, "gated", False))
+
+
+def gate_blocks(shape: Any, rows_per_iteration: int) -> int:
+    """Output blocks of a gated launch's first matrix (gate), which each worker keeps instead of writing (0 when
+    the launch is not gated)."""
+    return shape.parts[0] // rows_per_iteration if gated(shape) else 0
 
 
 def with_residual(shape: Any) -> bool:

@@ -39,6 +39,7 @@ from tilepilot.kernels.gemv import (
     add_residual,
     check_feed,
     check_parts,
+    gate_blocks,
     gated,
     matvec_dataflow,
     matvec_tensors,
@@ -205,7 +206,7 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
 
     tm, tk, m = tile_m or config.tile_m, config.tile_k, shape.m
     res, gate = with_residual(shape), gated(shape)
-    quiet = shape.parts[0] // config.tiling().rows_per_iteration() if gate else 0
+    quiet = gate_blocks(shape, config.tiling().rows_per_iteration())
     epilogue_ops = m * tm * (swiglu.OPS_PER_ELEMENT if gate else res)  # charged every call (an upper bound)
     return TileKernel(
         name=f"qmatvec_{fmt}_b{block}_{tm}x{tk}",
@@ -236,7 +237,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     stream = WeightStream("uint8", rb, chunk_bytes(shape, tk))
     kernels = {t: _kernel(shape, config, t) for t in {tm, config.tile_m0} if t}
 
-    quiet = shape.parts[0] // config.tiling().rows_per_iteration() if gated(shape) else 0
+    quiet = gate_blocks(shape, config.tiling().rows_per_iteration())
 
     def local(rows: int) -> int:
         # fp32 accumulator (blocks decode in registers), normed x, a gated launch's kept gate rows

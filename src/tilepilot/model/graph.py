@@ -29,6 +29,12 @@ KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     "lm_head": ("lm_head", "gemv", "gemm", "qgemv"),
 }
 
+# Op kinds a GEMV launch serves when small ops fold into it (``kernels.bind.FoldedLinear``), and the kinds that fold:
+# the RMSNorm its ops read (a prologue), the residual add or SwiGLU of their outputs (an epilogue).
+LINEAR_KINDS = ("linear", "lm_head")
+EPILOGUE_KINDS = ("add", "swiglu")
+FOLDED_KINDS = ("rmsnorm", *EPILOGUE_KINDS)
+
 CPU_FAMILY = "cpu"
 # plans saved before CPU calls were named "cpu" called them "host"; they load as CPU_FAMILY
 LEGACY_CPU_FAMILY = "host"
@@ -70,6 +76,10 @@ class BlockGraph:
             if n.op == op:
                 return n
         raise KeyError(op)
+
+    def readers(self, value: str) -> tuple[str, ...]:
+        """The ops of the block and the head that read ``value``."""
+        return tuple(n.op for n in self.block + self.head if value in n.inputs)
 
     @property
     def block_ops(self) -> tuple[str, ...]:

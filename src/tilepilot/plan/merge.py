@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from tilepilot.kernels.bind import LINEAR_KINDS, make_config, merged_launch
+from tilepilot.kernels.bind import make_config, merged_launch
 from tilepilot.kernels.registry import family
-from tilepilot.model.graph import block_graph
+from tilepilot.model.graph import FOLDED_KINDS, LINEAR_KINDS, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import FOLD_FAMILIES, FOLDED_KINDS, MERGED_KIND, DeploymentPlan, KernelGroup, merge_problems
+from tilepilot.plan.plan import FOLD_FAMILIES, MERGED_KIND, DeploymentPlan, KernelGroup, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
 Tuner = Callable[[str, Any], dict[str, Any]]
@@ -160,7 +160,7 @@ def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | N
         node = graph.node(c.op)
         if node.kind != "rmsnorm" or c.family != "rmsnorm" or any(c.op in m for m in group.merged):
             continue
-        readers = [n.op for n in graph.block + graph.head if node.output in n.inputs]
+        readers = list(graph.readers(node.output))
         if not readers or any(r not in calls or calls[r].family not in FOLD_FAMILIES for r in readers):
             continue
         old = next((m for m in group.merged if set(readers) <= set(m)), None)

@@ -16,10 +16,13 @@ from tilepilot.errors import ConfigError
 from tilepilot.files import write_text_atomic
 from tilepilot.model.graph import (
     CPU_FAMILY,
+    EPILOGUE_KINDS,
+    FOLDED_KINDS,
     KIND_FAMILIES,
     KV_FAMILY,
     LAYER_INPUT,
     LEGACY_CPU_FAMILY,
+    LINEAR_KINDS,
     OpNode,
     block_graph,
 )
@@ -71,7 +74,6 @@ MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bia
 # read (``[q_proj, k_proj, v_proj, attn_norm]``: every worker normalizes x first), the residual add of its output
 # (``[o_proj, resid1]``) or the SwiGLU of its two outputs (``[gate_proj, up_proj, ffn_norm, swiglu]``)
 FOLD_FAMILIES = ("qgemv",)
-FOLDED_KINDS = ("rmsnorm", "add", "swiglu")
 
 
 @dataclass
@@ -394,11 +396,16 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
             if len({tuple(n.inputs) for n in nodes}) != 1:
                 problems.append(f"{what} reads different inputs; a multi-matrix launch streams one x")
         else:
-            order = [c.op for c in g.calls]
-            later = {graph.node(o).output for o in order[order.index(m[0]) :]}
+            later = _computed_from(g, graph, m[0])
             if any(v in later for n in nodes for v in n.inputs):
                 problems.append(f"{what} reads a value computed at or after {m[0]}; the merged launch runs there")
     return problems
+
+
+def _computed_from(g: KernelGroup, graph: Any, op: str) -> set[str]:
+    """The values the group computes at or after ``op``'s place: a launch running there cannot read them."""
+    order = [c.op for c in g.calls]
+    return {graph.node(o).output for o in order[order.index(op) :]}
 
 
 def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
@@ -408,10 +415,10 @@ def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph
     the launch does not write (the norm's output, the linears' outputs under an epilogue) is read by no op outside
     the run; an add's residual is computed before the run's first op (the launch runs there)."""
     calls = {c.op: c for c in g.calls}
-    lins = [n for n in nodes if n.kind in ("linear", "lm_head")]
+    lins = [n for n in nodes if n.kind in LINEAR_KINDS]
     rest = [n for n in nodes if n not in lins]
     norm = next((n for n in rest if n.kind == "rmsnorm"), None)
-    ep = next((n for n in rest if n.kind in ("add", "swiglu")), None)
+    ep = next((n for n in rest if n.kind in EPILOGUE_KINDS), None)
     shape_ok = nodes[: len(lins)] == lins and rest == [n for n in (norm, ep) if n is not None] and lins
     fams = {calls[n.op].family for n in lins}
     if not shape_ok or len(fams) != 1 or fams - set(FOLD_FAMILIES):
@@ -441,12 +448,11 @@ def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph
         if ep.kind == "swiglu" and tuple(ep.inputs) != tuple(n.output for n in lins):
             problems.append(f"{what}: a SwiGLU epilogue gates its two linear ops' outputs, gate first")
         if ep.kind == "add":
-            order = [c.op for c in g.calls]
-            later = {graph.node(o).output for o in order[order.index(m[0]) :]}
+            later = _computed_from(g, graph, m[0])
             if any(v in later for v in ep.inputs if v not in hidden):
                 problems.append(f"{what}: {ep.op}'s residual is computed at or after {m[0]}; the launch runs there")
     for v in hidden:
-        readers = {n.op for n in graph.block + graph.head if v in n.inputs} - set(m)
+        readers = set(graph.readers(v)) - set(m)
         if readers:
             problems.append(f"{what}: {sorted(readers)} also read {v}, which the launch does not write")
     return problems
