@@ -5,6 +5,7 @@ refused by their validator code."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage
 from tilepilot.plan.builtin import paper_like_plan
-from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, StagePlan, validate_plan
+from tilepilot.plan.merge import merged_stage
+from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, KernelGroup, StagePlan, validate_plan
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.runner import NpuRunner
 from tilepilot.runtime.timing import time_plan
@@ -149,3 +151,39 @@ def test_windowing_is_rejected_as_not_faster_at_the_templates_own_length(fresh_c
     result = WindowedKvReadback().run(ctx)
     assert result.status == "rejected" and "not faster" in result.summary
     assert ctx.plan.decode.kv_windows == [KV_TEMPLATE_ROWS]
+
+
+def test_one_dispatch_joins_the_groups_and_keeps_activations_on_the_device(zoo_model):
+    """Inside one dispatch a group boundary is no launch boundary: ``fused_stage`` joins the paper's split O+FFN
+    groups into one (so the merges see gate and up together), the pass times the same joined or split, and under
+    the paper's host handoff no activation crosses the host between the pass's launches."""
+    spec = load_checkpoint(zoo_model("qwen2.5-0.5b", layers=1)).spec
+    plan = paper_like_plan(spec)
+    assert plan.host.handoff == "host" and len(plan.decode.block) > 3  # the paper split this model's O+FFN
+    fused = fused_stage(plan)
+    (layer,) = fused.decode.block
+    assert layer.ops == [o for g in plan.decode.block for o in g.ops]
+    assert [g.name for g in fused.decode.head] == ["head"] and validate_plan(fused) == []
+    split = copy.deepcopy(fused)
+    calls = {c.op: c for g in split.decode.groups() for c in g.calls}
+    split.decode.block = [KernelGroup(g.name, [calls[o] for o in g.ops]) for g in plan.decode.block]
+    split.decode.head = [KernelGroup(g.name, [calls[o] for o in g.ops]) for g in plan.decode.head]
+    device = copy.deepcopy(split)
+    device.host = replace(device.host, handoff="device")
+    lib = KernelLibrary()
+    joined_t, split_t, device_t = (time_plan(p, spec, prompt_len=128, library=lib) for p in (fused, split, device))
+    assert joined_t.decode_s_per_token == split_t.decode_s_per_token
+
+    def in_pass_syncs(t):
+        return sum(g.sync_s for g in t.stage_groups("decode") if g.part in ("block", "head"))
+
+    assert in_pass_syncs(split_t) == in_pass_syncs(device_t)
+    # per-group dispatches do hand over through the host: the same split groups pay for it there
+    per_group = copy.deepcopy(split)
+    per_group.decode.one_dispatch, per_group.decode.kv_windows = False, []
+    per_group_device = copy.deepcopy(per_group)
+    per_group_device.host = replace(per_group_device.host, handoff="device")
+    host_t, dev_t = (time_plan(p, spec, prompt_len=128, library=lib) for p in (per_group, per_group_device))
+    assert in_pass_syncs(host_t) > in_pass_syncs(dev_t)
+    merged = merged_stage(fused)
+    assert ["gate_proj", "up_proj"] in merged.decode.block[0].merged

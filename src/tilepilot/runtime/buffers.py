@@ -110,6 +110,7 @@ class BufferPool:
     trust_static: bool = True
     on_sync: Callable[[SyncEvent], None] | None = None
     stats: BufferStats = field(default_factory=BufferStats)
+    in_pass: bool = False  # set by the dispatcher while a one-dispatch pass runs
     _buffers: dict[str, DeviceBuffer] = field(default_factory=dict)
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -135,7 +136,10 @@ class BufferPool:
 
     @property
     def host_handoff(self) -> bool:
-        return self.policy.handoff == "host"
+        """Whether activations reach each dispatch through the host. Never inside a one-dispatch pass
+        (``in_pass``): the host cannot touch a buffer between the launches of one dispatch, so there they stay on
+        the device whatever the policy says."""
+        return self.policy.handoff == "host" and not self.in_pass
 
     def get(self, name: str) -> DeviceBuffer | None:
         return self._buffers.get(name)

@@ -299,6 +299,7 @@ class Dispatcher:
         self._pass_keys = [] if one_dispatch else None
         self._kv_readback = kv_readback
         self._resident = resident
+        self.pool.in_pass = one_dispatch
 
     def end_pass(self, name: str, stage: str) -> None:
         """Time and trace the pass's single dispatch: one host round trip, a design switch per launch after the
@@ -306,6 +307,7 @@ class Dispatcher:
         (``npu.resident.time_resident``: an illegal packing is a DesignError), and the driver's per-dispatch
         watchdog (DISPATCH_WATCHDOG) checked on it."""
         keys, self._pass_keys, self._kv_readback = self._pass_keys, None, None
+        self.pool.in_pass = False
         if keys:
             gt = self.library.dispatch_time(name, keys, resident=self._resident)
             self.trace.add_dispatch(gt, group=name, layer=None, stage=stage)
