@@ -47,7 +47,14 @@ from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
-from tilepilot.plan.merge import gated_stage, merged_stage, normed_stage, packing_alternatives, residual_stage
+from tilepilot.plan.merge import (
+    gated_stage,
+    merged_stage,
+    normed_rope_stage,
+    normed_stage,
+    packing_alternatives,
+    residual_stage,
+)
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.plan.resident import fit_resident
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -126,9 +133,9 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     plan = merged_stage(plan) or plan
     plan.name = f"tilepilot-{label}"
     plan = tuned(plan, spec)
-    # rmsnorm-prologue, residual-epilogue, swiglu-epilogue, each kept only when it makes this pass faster (as the
-    # decode phase keeps a skill)
-    for fold in (normed_stage, residual_stage, gated_stage):
+    # rmsnorm-prologue, residual-epilogue, swiglu-epilogue, qk-norm-into-rope, each kept only when it makes this pass
+    # faster (as the decode phase keeps a skill)
+    for fold in (normed_stage, residual_stage, gated_stage, normed_rope_stage):
         folded = fold(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
         if folded is not None:
             folded = tuned(folded, spec)

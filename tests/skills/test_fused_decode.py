@@ -178,6 +178,11 @@ def test_one_dispatch_joins_the_groups_and_keeps_activations_on_the_device(zoo_m
         return sum(g.sync_s for g in t.stage_groups("decode") if g.part in ("block", "head"))
 
     assert in_pass_syncs(split_t) == in_pass_syncs(device_t)
+    # nor is anything transposed or re-written by the host between them, whatever the host policy
+    for policy in ({"layout": "host_transpose"}, {"skip_unchanged_writes": False}):
+        other = copy.deepcopy(split)
+        other.host = replace(other.host, **policy)
+        assert in_pass_syncs(time_plan(other, spec, prompt_len=128, library=lib)) == in_pass_syncs(split_t)
     # per-group dispatches do hand over through the host: the same split groups pay for it there
     per_group = copy.deepcopy(split)
     per_group.decode.one_dispatch, per_group.decode.kv_windows = False, []
@@ -187,3 +192,6 @@ def test_one_dispatch_joins_the_groups_and_keeps_activations_on_the_device(zoo_m
     assert in_pass_syncs(host_t) > in_pass_syncs(dev_t)
     merged = merged_stage(fused)
     assert ["gate_proj", "up_proj"] in merged.decode.block[0].merged
+    # a one-dispatch pass saved with the paper's groups (before they were joined) is joined when it next merges
+    (old_layer,) = merged_stage(split).decode.block
+    assert old_layer.merged == merged.decode.block[0].merged

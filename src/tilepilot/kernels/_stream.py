@@ -43,11 +43,21 @@ from tilepilot.npu.validate import CORE_STACK_BYTES, TAP_MAX_SIZE, DesignError, 
 
 @dataclass(frozen=True)
 class Stream:
-    """A DDR tensor read or written row by row: ``width`` elements per work row (row-major, contiguous)."""
+    """A DDR tensor read or written row by row: ``width`` elements per work row (row-major, contiguous).
+
+    ``tail``: a small tensor of ``tail_elements`` (same dtype) every object of this input stream also carries after
+    its rows, gathered by a chain of buffer descriptors on the same channel, so it is read again with every object.
+    It is how a worker gets one more input when its tile's two S2MM channels are taken (RoPE's x and table streams
+    plus a per-head norm's weights)."""
 
     tensor: str
     width: int
     dtype: str = "bf16"
+    tail: str | None = None
+    tail_elements: int = 0
+
+    def object_elements(self, rows_per_call: int) -> int:
+        return rows_per_call * self.width + self.tail_elements
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ def l1_bytes(
     ins: Sequence[Stream], outs: Sequence[Stream], held: Sequence[Held], rpc: int, depth: int, local: int
 ) -> int:
     """Compute-tile memory of one worker: stream fifos x depth, held buffers once, locals, stack."""
-    streams = sum(depth * rpc * s.width * dtype_bytes(s.dtype) for s in (*ins, *outs))
+    streams = sum(depth * s.object_elements(rpc) * dtype_bytes(s.dtype) for s in (*ins, *outs))
     return int(streams + sum(h.elements * dtype_bytes(h.dtype) for h in held)) + local + CORE_STACK_BYTES
 
 
@@ -176,8 +186,18 @@ def build(
         moves = [(s, f, rt.fill) for s, f in zip(streams_in, ins, strict=True)]
         moves += [(s, f, rt.drain) for s, f in zip(streams_out, outs, strict=True)]
         for s, f, move in moves:
-            fifos.append(ObjectFifo(f, (rows_per_call, s.width), s.dtype, depth))
             shape = specs[s.tensor].shape
+            if s.tail:  # one object at a time: its rows, then the tail, one BD chain per object
+                fifos.append(ObjectFifo(f, (s.object_elements(rows_per_call),), s.dtype, depth))
+                tail = legal_taps(specs[s.tail].shape, 0, [s.tail_elements], [1], s.dtype)
+                for c in range(first, first + n):
+                    rows_of = legal_taps(shape, c * rows_per_call * s.width, [rows_per_call, s.width], [s.width, 1])
+                    for tap in rows_of:
+                        move(f, s.tensor, tap, 0)
+                    for tap in tail:
+                        move(f, s.tail, tap, 0)
+                continue
+            fifos.append(ObjectFifo(f, (rows_per_call, s.width), s.dtype, depth))
             taps = row_taps(shape, first * rows_per_call, n * rows_per_call, s.width, rows_per_call, s.dtype)
             for g, tap in enumerate(taps):
                 move(f, s.tensor, tap, g)

@@ -144,9 +144,11 @@ def _qgemm_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
 
 class _Merged:
     """What every merged launch shares: by default it reads its members' first inputs (one x for a multi-matrix
-    GEMV) and writes every member's output, in ``run``'s order."""
+    GEMV) and writes every member's output, in ``run``'s order. ``tables``: the launch reads the pass's RoPE table
+    (the dispatcher passes ``cs`` and ``start`` to ``run``)."""
 
     members: tuple[OpNode, ...]
+    tables = False
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -194,6 +196,7 @@ class MergedRope(_Merged):
     bit-identical to the separate launches; what changes is one launch and one table stream instead of several."""
 
     members: tuple[OpNode, ...]
+    tables = True
 
     def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
         if family != "rope":
@@ -296,17 +299,63 @@ class FoldedLinear(_Merged):
         return [out[f"y{j}"] for j in range(len(mats))]
 
 
-MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear
+@dataclass(frozen=True)
+class NormedRope(_Merged):
+    """One RoPE launch serving RoPE ops and the per-head RMSNorms that feed them (Qwen3's q_norm and k_norm), members
+    in this order: the RoPE ops, then norm j for RoPE op j (its output is that op's input). Every head is normalized
+    with its own norm's weight by the norm kernel's arithmetic, then rotated (``kernels/rope.py``, ``norm_heads``), so
+    the outputs equal the separate launches' bit for bit; the norms' launches and their DDR round trips are saved."""
+
+    members: tuple[OpNode, ...]
+    tables = True
+
+    @property
+    def ropes(self) -> tuple[OpNode, ...]:
+        return tuple(n for n in self.members if n.kind == "rope")
+
+    @property
+    def norms(self) -> tuple[OpNode, ...]:
+        return tuple(n for n in self.members if n.kind == "head_norm")
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(n.inputs[0] for n in self.norms)
+
+    @property
+    def writes(self) -> tuple[OpNode, ...]:
+        return self.ropes
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        if family != "rope":
+            raise ConfigError(f"ops {[n.op for n in self.members]} cannot share a {family} launch; only RoPE's can")
+        heads = tuple(n.width // spec.head_dim for n in self.ropes)
+        return family_module("rope").Shape(
+            rows=rows, heads=sum(heads), head_dim=spec.head_dim, norm_heads=heads, norm_eps=spec.rms_eps
+        )
+
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        """``inputs``: the norms' inputs (Q's and K's projections); ``weights``: the norms' weights, in run order."""
+        y = _rope_run(design, {**args, "_in": [torch.cat(inputs, dim=1)], "g": torch.stack(weights)}, spec)
+        return list(torch.split(y, [int(x.shape[1]) for x in inputs], dim=1))
+
+
+MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear | NormedRope
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
 
 
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
     ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read and/or a residual
-    add or SwiGLU of their outputs: one GEMV launch with those folded in (``FoldedLinear``)."""
+    add or SwiGLU of their outputs: one GEMV launch with those folded in (``FoldedLinear``); RoPE ops followed by the
+    per-head norms that feed them: one RoPE launch normalizing first (``NormedRope``)."""
     kinds = [n.kind for n in members]
     if len(set(kinds)) == 1 and kinds[0] in _MERGED_BY_KIND:
         return _MERGED_BY_KIND[kinds[0]](members)
+    n_rope = kinds.count("rope")
+    if n_rope and kinds == ["rope"] * n_rope + ["head_norm"] * n_rope:
+        return NormedRope(members)
     n_lin = next((i for i, k in enumerate(kinds) if k not in LINEAR_KINDS), len(kinds))
     rest = kinds[n_lin:]
     if n_lin and rest in (["rmsnorm"], *([e] for e in EPILOGUE_KINDS), *(["rmsnorm", e] for e in EPILOGUE_KINDS)):
@@ -362,7 +411,8 @@ def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
     if angles != "fp32":
         cs = family_module("rope").table_for(spec, int(args["start"]), cs.shape[0], "fp32", angles)
     cs = cs.to(torch_dtype(cs_spec.dtype))
-    return design.fast({"x": args["_in"][0], "cs": cs})["y"]
+    norm = {"g": args["g"]} if "g" in args else {}  # a per-head norm prologue's weights (``NormedRope``)
+    return design.fast({"x": args["_in"][0], "cs": cs, **norm})["y"]
 
 
 def _swiglu_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:

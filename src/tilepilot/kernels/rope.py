@@ -16,6 +16,12 @@ npu2 (AIR's measured RoPE runs "8/1").
 
 Numerics: bf16 x, fp32 inside (x1*c, x2*s, their difference / sum, each an fp32 operation), one
 round-to-nearest-even to bf16. The fast path does exactly this, so production == exact.
+
+Per-head RMSNorm prologue (``Shape.norm_heads``: Qwen3's q_norm and k_norm folded into the RoPE launch that reads
+them, as AIR fused Qwen3's per-head QK-norm into its attention-input ELF): x is the *input* of the norms, and every
+head is normalized with its own norm's weight (``g``, one head_dim row per norm, held by every worker) by the
+rmsnorm kernel's own arithmetic (``rmsnorm.normalize_rows``, one bf16 rounding) before it is rotated, so the launch
+equals the norm launches then RoPE bit for bit; the norms' launches and their outputs' DDR round trips are saved.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from tilepilot.kernels import _stream as st
+from tilepilot.kernels import rmsnorm
 from tilepilot.kernels import rowwise as rw
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu import numerics as nx
@@ -54,10 +61,15 @@ OPS_PER_ELEMENT = 4  # ESTIMATE: two fp32 multiplies, one add/sub, one bf16 conv
 
 @dataclass(frozen=True)
 class Shape:
+    """``norm_heads``: a per-head RMSNorm prologue (module docstring), the heads each norm weight serves, in order
+    (Q's then K's), summing to ``heads``; () = none. ``norm_eps``: the norms' epsilon."""
+
     rows: int  # tokens
     heads: int
     head_dim: int
     table_dtype: str = "bf16"
+    norm_heads: tuple[int, ...] = ()
+    norm_eps: float = 1e-6
 
 
 @dataclass(frozen=True)
@@ -74,10 +86,19 @@ def width(shape: Shape) -> int:
     return shape.heads * shape.head_dim
 
 
+def _x_stream(shape: Shape) -> st.Stream:
+    """x's stream; with a norm prologue every x object also carries the norms' weights (one head_dim row each): a
+    compute tile has two input channels, which x and the table already take."""
+    return st.Stream("x", width(shape), tail="g" if shape.norm_heads else None, tail_elements=_g_elements(shape))
+
+
+def _g_elements(shape: Shape) -> int:
+    return len(shape.norm_heads) * shape.head_dim
+
+
 def l1_bytes(shape: Shape, config: Config) -> int:
-    x = st.Stream("x", width(shape))
-    cs = st.Stream("cs", shape.head_dim, shape.table_dtype)
-    return st.l1_bytes([x, cs], [x], [], config.rows_per_call, config.depth, 0)
+    ins = [_x_stream(shape), st.Stream("cs", shape.head_dim, shape.table_dtype)]
+    return st.l1_bytes(ins, [st.Stream("y", width(shape))], [], config.rows_per_call, config.depth, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -127,22 +148,41 @@ def rotate_rows(x: torch.Tensor, cs: torch.Tensor, head_dim: int, layout: str = 
     return nx.round_bf16(y).reshape(n, -1)
 
 
+def normalize_heads(x: torch.Tensor, g: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """x [n, heads * head_dim] with each head normalized by its norm's weight row of g (``Shape.norm_heads``), by the
+    rmsnorm kernel's arithmetic on rows of head_dim (what a per-head norm launch computes)."""
+    n, d = x.shape[0], shape.head_dim
+    parts, h0 = [], 0
+    for j, heads in enumerate(shape.norm_heads):
+        rows = x[:, h0 * d : (h0 + heads) * d].reshape(-1, d)
+        parts.append(rmsnorm.normalize_rows(rows, g[j], shape.norm_eps).reshape(n, heads * d))
+        h0 += heads
+    return torch.cat(parts, dim=1)
+
+
 def _kernel(shape: Shape, config: Config) -> TileKernel:
     d = shape.head_dim
 
     def rope_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        outs[0].copy_(rotate_rows(ins[0], ins[1], d, config.layout))
+        x = ins[0]
+        if shape.norm_heads:  # x's object: the rows, then the norms' weights (``_x_stream``)
+            flat = x.view(-1)
+            x = normalize_heads(flat[: rpc * w].view(rpc, w), flat[rpc * w :].view(-1, d), shape)
+        outs[0].copy_(rotate_rows(x, ins[1], d, config.layout))
 
     rpc, w = config.rows_per_call, width(shape)
     tb = 2 if shape.table_dtype == "bf16" else 4
+    normed = bool(shape.norm_heads)
+    norm_ops = rpc * (w * rmsnorm.OPS_PER_ELEMENT + shape.heads * rmsnorm.OPS_PER_ROW) if normed else 0
     return TileKernel(
         name=f"rope_{config.variant}_{shape.heads}x{d}"
         + ("" if config.layout == "half" else f"_{config.layout}")
-        + ("" if config.angles == "fp32" else f"_angles_{config.angles}"),
+        + ("" if config.angles == "fp32" else f"_angles_{config.angles}")
+        + ("_rms" if normed else ""),
         fn=rope_tile,
         variant=config.variant,
-        vector_ops_per_call=rpc * w * OPS_PER_ELEMENT,
-        bytes_per_call=rpc * (2 * 2 * w + tb * d),
+        vector_ops_per_call=rpc * w * OPS_PER_ELEMENT + norm_ops,
+        bytes_per_call=rpc * (2 * 2 * w + tb * d) + 2 * _g_elements(shape),
         params={"head_dim": d},
     )
 
@@ -154,6 +194,8 @@ def _check(shape: Shape, config: Config) -> None:
     rw.check_choice(FAMILY, "angles", config.angles, ANGLES)
     if min(shape.rows, shape.heads, shape.head_dim) < 1 or shape.head_dim % 4:
         raise st.shape_error(FAMILY, f"shape {shape} is empty or head_dim is not a multiple of 4 (two word halves)")
+    if shape.norm_heads and (sum(shape.norm_heads) != shape.heads or min(shape.norm_heads) < 1):
+        raise st.shape_error(FAMILY, f"norm heads {shape.norm_heads} do not cover the {shape.heads} heads once each")
 
 
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
@@ -161,17 +203,21 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     config = config or default_config(shape, device)
     _check(shape, config)
     w = width(shape)
+    inputs = [TensorSpec("x", (shape.rows, w)), TensorSpec("cs", (shape.rows, shape.head_dim), shape.table_dtype)]
+    if shape.norm_heads:
+        inputs.append(TensorSpec("g", (len(shape.norm_heads), shape.head_dim)))
+    prologue = ("prologue:rmsnorm(fp32)->bf16",) if shape.norm_heads else ()
     design = st.build(
-        name=f"rope_{shape.rows}x{shape.heads}x{shape.head_dim}",
+        name=f"rope_{shape.rows}x{shape.heads}x{shape.head_dim}" + ("_rms" if shape.norm_heads else ""),
         family=FAMILY,
         device=device,
         rows=shape.rows,
         tiles=config.tiles,
         rows_per_call=config.rows_per_call,
         depth=config.depth,
-        inputs=[TensorSpec("x", (shape.rows, w)), TensorSpec("cs", (shape.rows, shape.head_dim), shape.table_dtype)],
+        inputs=inputs,
         outputs=[TensorSpec("y", (shape.rows, w))],
-        streams_in=[st.Stream("x", w), st.Stream("cs", shape.head_dim, shape.table_dtype)],
+        streams_in=[_x_stream(shape), st.Stream("cs", shape.head_dim, shape.table_dtype)],
         held=[],
         streams_out=[st.Stream("y", w)],
         kernel=_kernel(shape, config),
@@ -181,7 +227,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             "fp32",
             None,
             "bf16",
-            (f"angles:{config.angles}", f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16"),
+            (*prologue, f"angles:{config.angles}", f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16"),
         ),
         fast=_fast(shape, config.layout),
     )
@@ -191,16 +237,25 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
 
 def _fast(shape: Shape, layout: str = "half"):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {"y": rotate_rows(inputs["x"], inputs["cs"], shape.head_dim, layout)}
+        x = normalize_heads(inputs["x"], inputs["g"], shape) if shape.norm_heads else inputs["x"]
+        return {"y": rotate_rows(x, inputs["cs"], shape.head_dim, layout)}
 
     return fast
 
 
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
-    """FP32 ``oracle.ops.apply_rope`` with full tables rebuilt from ``cs`` (pass an fp32 ``cs`` for the true op)."""
+    """FP32 ``oracle.ops.apply_rope`` with full tables rebuilt from ``cs`` (pass an fp32 ``cs`` for the true op); with
+    a per-head norm prologue (``shape.norm_heads``), of the FP32 RMSNorm of each head (``oracle.ops.rmsnorm``)."""
     x, cs = inputs["x"], inputs["cs"]
     d = cs.shape[-1]
     half = d // 2
+    if shape is not None and shape.norm_heads:
+        parts, h0 = [], 0
+        for j, heads in enumerate(shape.norm_heads):
+            rows = x[:, h0 * d : (h0 + heads) * d].reshape(-1, d)
+            parts.append(ops.rmsnorm(rows, inputs["g"][j], shape.norm_eps).reshape(x.shape[0], heads * d))
+            h0 += heads
+        x = torch.cat(parts, dim=1)
     cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1).to(torch.float32)
     sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1).to(torch.float32)
     y = ops.apply_rope(x.reshape(x.shape[0], -1, d), cos, sin)

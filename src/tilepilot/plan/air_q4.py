@@ -37,7 +37,7 @@ from tilepilot.model.graph import block_graph, weight_shape
 from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, KernelGroup, check_plan, npu_family, with_weights
+from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, check_plan, npu_family, with_weights
 from tilepilot.plan.resident import fit_resident
 
 # Distance between readback templates of the windowed fused decode: 256 positions = 4 key blocks of the attention
@@ -50,13 +50,9 @@ AIR_COMPUTE_ROWS = 4
 
 def fused_stage(plan: DeploymentPlan, stage: str = "decode") -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` runs as one dispatch per pass, CPU groups moved to their NPU kernels, the
-    block's groups joined into one group and the head's into another, and attention compiled for the padded template
-    readback; None when the stage already is one dispatch.
-
-    Inside one dispatch a group boundary is no launch boundary (the pass times the same joined or not), but the
-    merges and folds of ``plan.merge`` only see ops of one group: joined, gate and up of a paper plan that split
-    its FFN into several ELFs (Llama-3.2-3B, Qwen2.5, Qwen3-4B) become one launch with their RMSNorm, SwiGLU and
-    residual adds folded in, and the final RMSNorm can fold into a packed LM head."""
+    block's groups joined into one group and the head's into another (``StagePlan.join``: then the merges and folds
+    see across the paper's group boundaries), and attention compiled for the padded template readback; None when the
+    stage already is one dispatch."""
     if plan.stage(stage).one_dispatch:
         return None
     spec = plan.model_spec()
@@ -68,17 +64,10 @@ def fused_stage(plan: DeploymentPlan, stage: str = "decode") -> DeploymentPlan |
             g.where = "npu"
             for c in g.calls:
                 c.family, c.config = npu_family(graph.node(c.op), stage), {}
-    st.block, st.head = joined_groups(st.block, "layer"), joined_groups(st.head, "head")
     st.one_dispatch = True
+    st.join()
     st.kv_windows = [min(KV_TEMPLATE_ROWS, spec.max_positions)]
     return new
-
-
-def joined_groups(groups: list[KernelGroup], name: str) -> list[KernelGroup]:
-    """``groups`` as one group called ``name``: their calls and merged runs in order (none when there are none)."""
-    if len(groups) < 2:
-        return groups
-    return [KernelGroup(name, [c for g in groups for c in g.calls], merged=[m for g in groups for m in g.merged])]
 
 
 def window_ladder(largest: int, step: int = KV_WINDOW_STEP) -> list[int]:

@@ -102,6 +102,7 @@ def merged_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | Non
     picks each merged launch's config (the decode skill passes the tile tuner)."""
     spec = plan.model_spec()
     new = copy.deepcopy(plan)
+    new.stage(stage).join()  # a one-dispatch pass saved before its groups were joined
     changed = False
     for g in new.stage(stage).groups():
         runs = [r for r in merge_runs(spec, g) if r not in g.merged]
@@ -136,9 +137,11 @@ def split_stage(
         keep = []
         for m in g.merged:
             nodes = [graph.node(o) for o in m]
-            if any(n.kind in FOLDED_KINDS for n in nodes):  # a GEMV with folded ops: take out the named ones
+            if any(n.kind in FOLDED_KINDS for n in nodes):  # a launch with folded ops: take out the named ones
                 rest = [o for o, n in zip(m, nodes, strict=True) if n.kind not in kinds]
-                keep += [rest] if len(rest) > 1 else []
+                # what is left is still a run when its launch's own ops remain (the norms of a RoPE run taken out
+                # with its RoPE ops are separate launches again)
+                keep += [rest] if len(rest) > 1 and graph.node(rest[0]).kind == nodes[0].kind else []
             elif nodes[0].kind not in kinds:
                 keep.append(m)
         changed |= keep != g.merged
@@ -218,10 +221,42 @@ def gated_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str], lis
     return out
 
 
+def normed_rope_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
+    """(the merged RoPE run it extends or None, the new run) for every RoPE launch of ``group`` (one merged run of
+    RoPE ops, or a single RoPE op) whose inputs are all outputs of per-head norms (Qwen3's q_norm, k_norm) run as
+    rmsnorm in this group: the RoPE ops, then their norms (``kernels.bind.NormedRope``), when
+    ``plan.merge_problems`` accepts it."""
+    if group.where != "npu":
+        return []
+    graph = block_graph(spec)
+    calls = {c.op: c for c in group.calls}
+    producer = {graph.node(o).output: o for o in calls}
+    taken = {o for m in group.merged for o in m}
+    launches = [(m, m) for m in group.merged if graph.node(m[0]).kind == "rope"]
+    launches += [(None, [c.op]) for c in group.calls if graph.node(c.op).kind == "rope" and c.op not in taken]
+    out = []
+    for old, ropes in launches:
+        if any(graph.node(o).kind != "rope" for o in ropes):
+            continue  # already holds its norms
+        norms = [producer.get(graph.node(o).inputs[0]) for o in ropes]
+        if any(n is None or graph.node(n).kind != "head_norm" or n in taken for n in norms):
+            continue
+        run = [*ropes, *norms]
+        if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
+            out.append((old, run))
+    return out
+
+
 def normed_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
     """A copy of ``plan`` whose ``stage`` runs every RMSNorm it can as the prologue of the GEMV launch that reads it
     (``normed_runs``); None when none can."""
     return _folded_stage(plan, stage, normed_runs, tuner)
+
+
+def normed_rope_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs every per-head norm it can inside the RoPE launch that reads it
+    (``normed_rope_runs``); None when none can."""
+    return _folded_stage(plan, stage, normed_rope_runs, tuner)
 
 
 def residual_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
@@ -244,6 +279,7 @@ def _folded_stage(
     else the family default keeping its columns and rows); None when there is none."""
     spec = plan.model_spec()
     new = copy.deepcopy(plan)
+    new.stage(stage).join()  # a one-dispatch pass saved before its groups were joined
     changed = False
     for g in new.stage(stage).groups():
         for old, run in runs_of(spec, g):
@@ -274,6 +310,7 @@ def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tu
         "rmsnorm": "the RMSNorm prologues",
         "add": "the residual epilogues",
         "swiglu": "the SwiGLU epilogues",
+        "head_norm": "the per-head norms in RoPE",
     }
     for kinds in SPLITTABLE:
         alt = split_stage(plan, stage, kinds)

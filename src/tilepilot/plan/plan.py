@@ -129,6 +129,19 @@ class StagePlan:
     def groups(self) -> list[KernelGroup]:
         return self.block + self.head
 
+    def join(self) -> None:
+        """A one-dispatch stage's block groups as one group ("layer") and its head groups as another ("head"): inside
+        one dispatch a group boundary is no launch boundary (the pass times the same either way), but merges and
+        folds (``plan.merge``) look within one group, so joined they see gate and up of a paper plan that split its
+        FFN into several ELFs together, and the final norm beside the LM head. A no-op on any other stage."""
+        if not self.one_dispatch:
+            return
+        for part, name in (("block", "layer"), ("head", "head")):
+            groups = getattr(self, part)
+            if len(groups) > 1:
+                calls = [c for g in groups for c in g.calls]
+                setattr(self, part, [KernelGroup(name, calls, merged=[m for g in groups for m in g.merged])])
+
     def kv_readback(self, context: int) -> int:
         """KV rows one attention launch streams at ``context`` cached positions: the smallest template window that
         holds them; past the largest, the context rounded up to a multiple of it (one template per multiple)."""
@@ -382,6 +395,9 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
             problems.append(f"{what} repeats ops of another merge; an op runs in one launch")
         seen |= set(m)
         nodes = [graph.node(o) for o in m]
+        if any(n.kind == "head_norm" for n in nodes):
+            problems += _normed_rope_problems(what, g, m, nodes, graph)
+            continue
         if any(n.kind in FOLDED_KINDS for n in nodes):
             problems += _folded_problems(what, g, m, nodes, graph)
             continue
@@ -455,6 +471,34 @@ def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph
         readers = set(graph.readers(v)) - set(m)
         if readers:
             problems.append(f"{what}: {sorted(readers)} also read {v}, which the launch does not write")
+    return problems
+
+
+def _normed_rope_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
+    """Why a RoPE run with per-head norms (``kernels.bind.NormedRope``: RoPE ops, then norm j for RoPE op j) cannot be
+    one launch (at the first op's place, with its config): the RoPE ops run as rope and the norms as rmsnorm with the
+    fp32 accumulator (the arithmetic the prologue repeats); norm j's output is RoPE op j's input and nothing outside
+    the run reads it; the norms' inputs are computed before the run's first op."""
+    calls = {c.op: c for c in g.calls}
+    half = len(nodes) // 2
+    ropes, norms = nodes[:half], nodes[half:]
+    if not half or len(nodes) % 2 or any(n.kind != "rope" for n in ropes) or any(n.kind != "head_norm" for n in norms):
+        return [f"{what}: a normed RoPE run is RoPE ops, then the per-head norm feeding each, got {m}"]
+    problems = []
+    if {calls[n.op].family for n in ropes} != {"rope"}:
+        problems.append(f"{what}: its RoPE ops must run as rope")
+    for n in norms:
+        if calls[n.op].family != "rmsnorm" or calls[n.op].config.get("acc", "fp32") != "fp32":
+            problems.append(f"{what}: {n.op} must run as rmsnorm with the fp32 accumulator to be a RoPE prologue")
+    for r, n in zip(ropes, norms, strict=True):
+        if tuple(r.inputs) != (n.output,):
+            problems.append(f"{what}: {r.op} must read {n.output} alone")
+        readers = set(graph.readers(n.output)) - set(m)
+        if readers:
+            problems.append(f"{what}: {sorted(readers)} also read {n.output}, which the launch does not write")
+    later = _computed_from(g, graph, m[0])
+    if any(v in later for n in norms for v in n.inputs):
+        problems.append(f"{what} reads a value computed at or after {m[0]}; the launch runs there")
     return problems
 
 

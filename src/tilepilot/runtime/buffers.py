@@ -197,8 +197,9 @@ class BufferPool:
             return self._hand_over(buf)
         if buf.device_fresh:
             # Produced on the device: with dirty tracking it stays there. Without it the host reads it
-            # back and writes it again into the next dispatch's input buffer, as IRON does.
-            if self.policy.skip_unchanged_writes:
+            # back and writes it again into the next dispatch's input buffer, as IRON does; never inside one
+            # dispatch (``in_pass``), where the next launch reads it where the last one wrote it.
+            if self.policy.skip_unchanged_writes or self.in_pass:
                 return buf.device
             self._read_back(buf)
         if buf.static and buf.device_version >= 0:
@@ -210,7 +211,7 @@ class BufferPool:
             self.stats.skipped += 1
             # zero-copy: the device reads the host's pages, so even a skipped sync cannot be stale
             return buf.host if self.policy.zero_copy else buf.device
-        if buf.device_version == buf.host_version and self.policy.skip_unchanged_writes:
+        if buf.device_version == buf.host_version and (self.policy.skip_unchanged_writes or self.in_pass):
             self.stats.skipped += 1
             return buf.device
         return self._write(buf)

@@ -23,7 +23,6 @@ import torch
 
 from tilepilot.kernels.bind import (
     MergedLaunch,
-    MergedRope,
     binding,
     config_key,
     family_module,
@@ -285,6 +284,7 @@ class Dispatcher:
         self._resident = False
         self._kv_readback: Callable[[int], int] | None = None
         self._prepared: OrderedDict[tuple, PreparedGroup] = OrderedDict()
+        self._launches: OrderedDict[tuple, tuple] = OrderedDict()  # (group id, op, stage, rows) -> (group, call, key)
         self._reads_context: dict[int, tuple[KernelGroup, bool]] = {}  # group id -> (group, has an attention op)
         self._cpu_groups: dict[int, tuple[KernelGroup, tuple]] = {}  # group id -> (group, its nodes)
         pool.on_sync = self._on_sync
@@ -311,6 +311,11 @@ class Dispatcher:
         if keys:
             gt = self.library.dispatch_time(name, keys, resident=self._resident)
             self.trace.add_dispatch(gt, group=name, layer=None, stage=stage)
+
+    def abort_pass(self) -> None:
+        """Drop a pass that raised before ``end_pass``: nothing is timed, and the pool leaves the pass."""
+        self._pass_keys, self._kv_readback = None, None
+        self.pool.in_pass = False
 
     # ---- trace plumbing ---------------------------------------------------------------------
     def set_stage(self, stage: str) -> None:
@@ -370,21 +375,36 @@ class Dispatcher:
         keys: list[Any] = []
         merged = {m[0]: merged_launch(tuple(self.graph.node(o) for o in m)) for m in g.merged}
         served = {o for m in g.merged for o in m[1:]}  # computed by their run's first op's launch
+        kept: list[Any] = []
         for call, node in zip(g.calls, nodes, strict=True):
             if node.kind == "kv_write":
                 calls.append((node, None, None))
                 continue
             if call.op in served:
                 continue
-            if call.op in merged:
+            # a launch that does not read the context resolves once per group, stage and rows: a group holding
+            # attention (a one-dispatch pass's whole layer) is prepared again at every context, its other launches not
+            lkey = (id(g), call.op, p.stage, p.rows) if node.kind not in CONTEXT_KINDS else None
+            hit = self._launches.get(lkey) if lkey else None
+            if hit is not None and hit[0] is not g:
+                hit = None  # a group object gone, its id reused
+            if hit is not None:
+                entry, key = hit[1], hit[2]
+                kept.append(key)
+            elif call.op in merged:
                 shape = merged[call.op].shape(call.family, self.spec, p.rows, call.config)
                 key, design = self.library.design(call.family, shape, call.config)
-                keys.append(key)
-                calls.append((node, merged[call.op], design))
-                continue
-            key, design = self.library.design(call.family, self._shape(node, call, p), call.config)
-            keys.append(self._timed_key(node, call, p, key))
-            calls.append((node, binding(node, call.family), design))
+                entry = (node, merged[call.op], design)
+            else:
+                key, design = self.library.design(call.family, self._shape(node, call, p), call.config)
+                key, entry = self._timed_key(node, call, p, key), (node, binding(node, call.family), design)
+            if lkey and hit is None:
+                self._launches[lkey] = (g, entry, key)
+                while len(self._launches) > 4 * self.library.capacity:
+                    self._launches.popitem(last=False)
+            keys.append(key)
+            calls.append(entry)
+        self.library.touch(tuple(kept))
         timing = self.library.dispatch_time(g.name, keys) if keys and self._pass_keys is None else None
         prep = PreparedGroup(g, tuple(calls), tuple(keys), timing)
         self._prepared[ckey] = prep
@@ -417,7 +437,7 @@ class Dispatcher:
                 ins = [value(v) for v in bound.reads]  # one x for a GEMV
                 ws = [self.pool.weight_view(weights[n.weights[0]]) for n in bound.members if n.weights]
                 extra: dict[str, Any] = {}
-                if isinstance(bound, MergedRope):
+                if bound.tables:
                     if "cs" not in seen_inputs:
                         seen_inputs["cs"] = self.pool.device_view(tables)
                     extra = {"cs": seen_inputs["cs"], "start": p.start}
@@ -485,8 +505,8 @@ class Dispatcher:
         """Layout ``host_transpose``: Q, new K/V rows and the output go through the host to be transposed. Under host
         handoff they cross anyway (the dispatch's own input copies, the KV rows, the result's read-back), so only the
         transposes themselves are added."""
-        if self.policy.layout != "host_transpose":
-            return
+        if self.policy.layout != "host_transpose" or self.pool.in_pass:
+            return  # inside one dispatch the host cannot transpose: the pass's kernels read what the last one wrote
         s = self.spec
         crossing = not self.pool.host_handoff
         for name, width in (("q", s.q_dim), ("k", s.kv_dim), ("v", s.kv_dim), ("attn_out", s.q_dim)):

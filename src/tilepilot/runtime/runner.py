@@ -271,18 +271,22 @@ class NpuRunner:
         self.dispatcher.begin_pass(fused, stage_plan.kv_readback if fused else None, stage_plan.resident)
         outputs: list[torch.Tensor] | None = [] if capture else None
         x = x_buf
-        for layer in range(s.n_layers):
+        try:
+            for layer in range(s.n_layers):
+                env = {LAYER_INPUT: x}
+                layer_weights = self._decode_layers[layer] if stage == "decode" else self._layers[layer]
+                self.dispatcher.run(stage_plan.block, env, layer_weights, p, layer, kv, tables)
+                x = env[BLOCK_OUTPUT]
+                if outputs is not None:
+                    outputs.append(_peek(x))
+            if last_only and rows > 1:
+                x = self._last_row(x, stage)
+            head_pass = Pass(stage=stage, start=start, rows=1 if last_only else rows, dry=self.dry)
             env = {LAYER_INPUT: x}
-            layer_weights = self._decode_layers[layer] if stage == "decode" else self._layers[layer]
-            self.dispatcher.run(stage_plan.block, env, layer_weights, p, layer, kv, tables)
-            x = env[BLOCK_OUTPUT]
-            if outputs is not None:
-                outputs.append(_peek(x))
-        if last_only and rows > 1:
-            x = self._last_row(x, stage)
-        head_pass = Pass(stage=stage, start=start, rows=1 if last_only else rows, dry=self.dry)
-        env = {LAYER_INPUT: x}
-        self.dispatcher.run(stage_plan.head, env, self._heads[stage], head_pass, None, kv, tables)
+            self.dispatcher.run(stage_plan.head, env, self._heads[stage], head_pass, None, kv, tables)
+        except BaseException:
+            self.dispatcher.abort_pass()  # a runner reused after an error (the server) starts clean
+            raise
         self.dispatcher.end_pass(one_dispatch_name(stage), stage)
         logits_buf = env[self.graph.head[-1].output]
         self.dispatcher.set_stage(stage)

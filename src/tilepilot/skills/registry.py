@@ -38,6 +38,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.decode", "RmsNormPrologue"),
     ("tilepilot.skills.optimize.decode", "ResidualEpilogue"),
     ("tilepilot.skills.optimize.decode", "SwigluEpilogue"),
+    ("tilepilot.skills.optimize.decode", "QkNormIntoRope"),
     ("tilepilot.skills.optimize.weights", "DequantizedPrefill"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),

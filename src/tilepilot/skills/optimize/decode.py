@@ -53,7 +53,14 @@ from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
-from tilepilot.plan.merge import gated_stage, merged_stage, normed_stage, packing_alternatives, residual_stage
+from tilepilot.plan.merge import (
+    gated_stage,
+    merged_stage,
+    normed_rope_stage,
+    normed_stage,
+    packing_alternatives,
+    residual_stage,
+)
 from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
@@ -150,15 +157,17 @@ class MultiMatrixLaunches(PlanOptimization):
             yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")
 
 
-class _FoldIntoGemv(PlanOptimization):
-    """A small op run inside the quantized GEMV launch next to it (``plan.merge._folded_stage``), each fused launch
-    at the tile tuner's best config for its shape; ``fold`` is the plan function that finds and makes the runs."""
+class _FoldIntoLaunch(PlanOptimization):
+    """A small op run inside the launch next to it (a quantized GEMV's, or RoPE's: ``plan.merge._folded_stage``),
+    each fused launch at the tile tuner's best config for its shape; ``fold`` is the plan function that finds and
+    makes the runs, ``what`` the folded op's part of the launch and ``into`` which launch it is."""
 
     abstract = True
     stages = ("decode",)
     inputs = (_WS,)
     gate_text = _GATE
     what = ""
+    into = "GEMV launch"
 
     @staticmethod
     def fold(plan, stage, tuner):
@@ -175,14 +184,14 @@ class _FoldIntoGemv(PlanOptimization):
         if new is not None:
             before = _runs(ctx.plan, stage)
             ops = [m[-1] for m in _runs(new, stage) if m not in before]
-            yield Proposal(new, f"{stage}: {ops} as the {self.what} of the GEMV launch next to each")
+            yield Proposal(new, f"{stage}: {ops} as the {self.what} of the {self.into} next to each")
 
 
 def _runs(plan, stage: str) -> list[list[str]]:
     return [m for g in plan.stage(stage).groups() for m in g.merged]
 
 
-class RmsNormPrologue(_FoldIntoGemv):
+class RmsNormPrologue(_FoldIntoLaunch):
     name = "rmsnorm-prologue"
     description = (
         "Runs each RMSNorm that only quantized GEMVs read (the attention and FFN norms before Q/K/V and gate/up) as "
@@ -204,7 +213,7 @@ class RmsNormPrologue(_FoldIntoGemv):
     fold = staticmethod(normed_stage)
 
 
-class ResidualEpilogue(_FoldIntoGemv):
+class ResidualEpilogue(_FoldIntoLaunch):
     name = "residual-epilogue"
     description = (
         "Runs each residual add whose other operand is a quantized GEMV's output (after o_proj and down_proj) as the "
@@ -224,7 +233,7 @@ class ResidualEpilogue(_FoldIntoGemv):
     fold = staticmethod(residual_stage)
 
 
-class SwigluEpilogue(_FoldIntoGemv):
+class SwigluEpilogue(_FoldIntoLaunch):
     name = "swiglu-epilogue"
     description = (
         "Runs the SwiGLU of a quantized gate/up launch's two outputs as that launch's epilogue: every worker keeps "
@@ -242,6 +251,27 @@ class SwigluEpilogue(_FoldIntoGemv):
     )
     what = "epilogue"
     fold = staticmethod(gated_stage)
+
+
+class QkNormIntoRope(_FoldIntoLaunch):
+    name = "qk-norm-into-rope"
+    description = (
+        "Runs Qwen3's per-head Q and K RMSNorms inside the RoPE launch that reads them: every head is normalized with "
+        "its own norm's weight, held by every worker, then rotated. Use when a decode launches per-head norms right "
+        "before RoPE (a model with qk_norm)."
+    )
+    purpose = (
+        "Removes the two per-head norm launches of every layer and their outputs' DDR round trips, as AIR fused "
+        "Qwen3's QK-norm into its attention-input ELF; the outputs are bit-identical (the norm kernel's arithmetic)."
+    )
+    commands = ("tilepilot skills run qk-norm-into-rope WORKSPACE --json",)
+    failure_modes = (
+        "A norm whose output something else reads, or one run with the fp16 accumulator, stays its own launch.",
+        "Q's and K's RoPE not merged (run multi-matrix-launches first): each RoPE launch takes its own norm.",
+    )
+    what = "prologue"
+    into = "RoPE launch"
+    fold = staticmethod(normed_rope_stage)
 
 
 class ResidentDecode(PlanOptimization):
