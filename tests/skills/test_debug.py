@@ -233,3 +233,31 @@ def test_every_signature_has_a_test_here(signature):
         C.MASSIVE_ACTIVATION_ROWS: test_massive_activation_rows_from_an_fp16_rmsnorm_accumulator_on_a_trained_model,
     }
     assert callable(names[signature])
+
+
+def test_a_mismatch_inside_a_joined_one_dispatch_layer_resets_only_the_call_it_names(fresh_ctx):
+    """A one-dispatch decode is one group per layer: the repair resets the config of the launch the mismatch names
+    (keeping a packed projection's weight format), not the whole layer's, and the layer keeps its merged launches."""
+    from tilepilot.harness.probes import group_checks
+    from tilepilot.model.quant import WeightFormat
+    from tilepilot.plan.air_q4 import fused_stage
+    from tilepilot.plan.builtin import paper_like_plan
+    from tilepilot.plan.merge import merged_stage
+    from tilepilot.plan.plan import with_weights
+    from tilepilot.skills.debug.design import FixMergedLaunchArguments
+
+    ctx = fresh_ctx()
+    plan = merged_stage(fused_stage(with_weights(paper_like_plan(ctx.spec), WeightFormat("q4_1"))))
+    (layer,) = plan.decode.block
+    resid = next(c for c in layer.calls if c.op == "resid1")
+    resid.config = {"tiles": 1, "chunk": 1024, "depth": 2, "variant": "vector", "pad": True, "store": "bf16"}
+    ctx.save_plan(plan)
+    (bad,) = [g for g in group_checks(ctx.plan, ctx.spec, ctx.settings.gate_prompt_len) if not g.ok]
+    assert bad.group == "layer" and "resid1." in bad.message
+    before = {c.op: dict(c.config) for c in ctx.plan.decode.block[0].calls}
+    result = FixMergedLaunchArguments().run(ctx)
+    assert result.status == "repaired", result.summary
+    (after,) = ctx.plan.decode.block
+    changed = {c.op for c in after.calls if c.config != before[c.op]}
+    assert changed == {"resid1"} and after.merged == layer.merged
+    assert next(c for c in after.calls if c.op == "q_proj").config["fmt"] == "q4_1"
