@@ -158,7 +158,7 @@ def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0, sha
             ins[ts.name] = table.to(dt)
             continue
         t = torch.randn(ts.shape, generator=gen, dtype=torch.float32)
-        if ts.name in ("w",) and len(ts.shape) == 1:  # norm weights sit around 1
+        if (ts.name == "w" and len(ts.shape) == 1) or ts.name == "g":  # norm weights sit around 1 (g: folded norms')
             t = 1.0 + 0.1 * t
         ins[ts.name] = ref[ts.name] = t.to(dt)
     return ins, ref

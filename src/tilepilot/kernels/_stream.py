@@ -185,22 +185,27 @@ def build(
         outs = [f"{s.tensor}_{i}" for s in streams_out]
         moves = [(s, f, rt.fill) for s, f in zip(streams_in, ins, strict=True)]
         moves += [(s, f, rt.drain) for s, f in zip(streams_out, outs, strict=True)]
-        for s, f, move in moves:
-            shape = specs[s.tensor].shape
-            if s.tail:  # one object at a time: its rows, then the tail, one BD chain per object
-                fifos.append(ObjectFifo(f, (s.object_elements(rows_per_call),), s.dtype, depth))
-                tail = legal_taps(specs[s.tail].shape, 0, [s.tail_elements], [1], s.dtype)
-                for c in range(first, first + n):
-                    rows_of = legal_taps(shape, c * rows_per_call * s.width, [rows_per_call, s.width], [s.width, 1])
-                    for tap in rows_of:
-                        move(f, s.tensor, tap, 0)
-                    for tap in tail:
-                        move(f, s.tail, tap, 0)
-                continue
-            fifos.append(ObjectFifo(f, (rows_per_call, s.width), s.dtype, depth))
-            taps = row_taps(shape, first * rows_per_call, n * rows_per_call, s.width, rows_per_call, s.dtype)
-            for g, tap in enumerate(taps):
-                move(f, s.tensor, tap, g)
+        for s, f, _ in moves:
+            fifos.append(ObjectFifo(f, (s.object_elements(rows_per_call),) if s.tail else (rows_per_call, s.width),
+                                    s.dtype, depth))  # fmt: skip
+        if any(s.tail for s in streams_in):
+            # an object gathered from two tensors is a chain of BDs per object: one task group per object (its rows
+            # of every stream, a tail after its stream's rows), so a shim never holds more than one object's BDs;
+            # each group boundary costs a pipeline fill and drain (``npu.timing``), nothing for a one-object launch
+            for c in range(n):
+                row0 = (first + c) * rows_per_call
+                for s, f, move in moves:
+                    sizes, strides = [rows_per_call, s.width], [s.width, 1]
+                    for tap in legal_taps(specs[s.tensor].shape, row0 * s.width, sizes, strides, s.dtype):
+                        move(f, s.tensor, tap, c)
+                    for tap in legal_taps(specs[s.tail].shape, 0, [s.tail_elements], [1], s.dtype) if s.tail else []:
+                        move(f, s.tail, tap, c)
+        else:
+            for s, f, move in moves:
+                taps = row_taps(specs[s.tensor].shape, first * rows_per_call, n * rows_per_call, s.width,
+                                rows_per_call, s.dtype)  # fmt: skip
+                for g, tap in enumerate(taps):
+                    move(f, s.tensor, tap, g)
         acquires = {f: n for f in (*ins, *outs)} | dict.fromkeys(held_fifos, 1)
         workers.append(
             Worker(

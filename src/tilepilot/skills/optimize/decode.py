@@ -266,7 +266,8 @@ class QkNormIntoRope(_FoldIntoLaunch):
     )
     commands = ("tilepilot skills run qk-norm-into-rope WORKSPACE --json",)
     failure_modes = (
-        "A norm whose output something else reads, or one run with the fp16 accumulator, stays its own launch.",
+        "A norm whose output something else reads, or one run with the fp16 accumulator, keeps the RoPE launch it "
+        "feeds unfused (both its norms stay launches of their own).",
         "Q's and K's RoPE not merged (run multi-matrix-launches first): each RoPE launch takes its own norm.",
     )
     what = "prologue"
