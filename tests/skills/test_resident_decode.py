@@ -132,8 +132,8 @@ def test_a_replacement_the_caller_refuses_is_never_made(tiny_model):
 
 def test_a_pass_with_a_merged_rope_is_also_fitted_with_it_split(fresh_ctx):
     """A merged RoPE launch holds all of Q's and K's heads on one tile, which can pack worse: the skill proposes the
-    pass as it is and then with the RoPE launches split (``plan.merge.split_stage``), the second kept only when faster
-    than the first (the keep-or-revert rule compares it with the plan of the moment)."""
+    pass as it is and then with the RoPE launches split (``plan.merge.split_stage``), then with the multi-matrix
+    GEMVs split, each kept only when faster than the plan of the moment (the keep-or-revert rule)."""
     ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
     merged = merged_stage(_fused(ctx.plan.model_spec()))
     assert merged is not None and any(m[0] == "rope_q" for g in merged.decode.block for m in g.merged)
@@ -144,16 +144,20 @@ def test_a_pass_with_a_merged_rope_is_also_fitted_with_it_split(fresh_ctx):
     ctx.save_plan(merged)
     ctx.opt_stage = "decode"
     props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
-    assert len(props) == 2 and "RoPE as separate launches" in props[1].change
+    assert len(props) == 3 and "RoPE as separate launches" in props[1].change
     assert any(m[0] == "rope_q" for g in props[0].plan.decode.block for m in g.merged)
     assert not any(m[0] == "rope_q" for g in props[1].plan.decode.block for m in g.merged)
+    assert "multi-matrix GEMVs" in props[2].change  # then every multi-matrix GEMV split, the RoPE merge kept
+    assert not any(m[0] == "q_proj" for g in props[2].plan.decode.block for m in g.merged)
+    assert any(m[0] == "rope_q" for g in props[2].plan.decode.block for m in g.merged)
     assert all(p.plan.decode.resident for p in props)
 
 
 def test_a_pass_with_merged_rope_and_bias_is_also_fitted_with_each_and_both_split(tiny_model):
     """Qwen2's merged Q/K/V bias launch, like a merged RoPE launch, can pack worse (Qwen2.5-3B at q4_0: 26.41 vs
     27.74 tok/s modeled): ``packing_alternatives`` gives the pass as it is, then with RoPE, bias, and both split,
-    every other merged run kept; a Llama pass (no bias) gets only the RoPE split, not a repeat of it."""
+    every other merged run kept, then with every multi-matrix GEMV split; a Llama pass (no bias) gets the RoPE and
+    the GEMV splits, not a repeat of either."""
     spec = load_checkpoint(tiny_model("qwen2", 1)).spec
     merged = merged_stage(_fused(spec))
     assert merged is not None
@@ -168,7 +172,13 @@ def test_a_pass_with_merged_rope_and_bias_is_also_fitted_with_each_and_both_spli
         ["gate_proj", "q_bias", "q_proj"],
         ["gate_proj", "q_proj", "rope_q"],
         ["gate_proj", "q_proj"],
+        ["q_bias", "rope_q"],  # every multi-matrix GEMV split (and any fold into one)
     ]
     assert "bias adds as separate launches" in alts[2][1] and "RoPE" in alts[1][1] and "RoPE" in alts[3][1]
+    assert "multi-matrix GEMVs" in alts[4][1]
     llama = merged_stage(_fused(load_checkpoint(tiny_model("llama", 1)).spec))
-    assert [how for _, how in packing_alternatives(llama)] == ["", " with Q's and K's RoPE as separate launches"]
+    assert [how for _, how in packing_alternatives(llama)] == [
+        "",
+        " with Q's and K's RoPE as separate launches",
+        " with the multi-matrix GEMVs and every fold into a GEMV as separate launches",
+    ]
