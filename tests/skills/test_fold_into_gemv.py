@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from folds import assert_same_logits_fewer_launches, bf16
 
 from tilepilot.harness.model_gate import model_gate
 from tilepilot.kernels import eltwise, qgemv, rmsnorm, swiglu
@@ -33,11 +34,8 @@ from tilepilot.plan.merge import (
     split_stage,
 )
 from tilepilot.plan.plan import validate_plan, with_weights
-from tilepilot.runtime.dispatcher import KernelLibrary
-from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
 from tilepilot.skills.optimize.decode import ResidualEpilogue, RmsNormPrologue, SwigluEpilogue
 
-IDS = [1, 5, 9, 13, 2]
 CASES = [
     (qgemv.Shape(64, 128, 1, "q4_0", 32, norm_eps=1e-5), qgemv.Config(8, 4, 64, 2, 2, "q4_0", rows=1, x_rides=True)),
     (
@@ -48,17 +46,13 @@ CASES = [
 ]
 
 
-def _bf16(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).bfloat16()
-
-
 @pytest.mark.parametrize(("shape", "config"), CASES, ids=lambda v: str(v))
 def test_the_fused_launch_is_the_norm_then_the_gemv_bit_for_bit(shape, config):
     design = qgemv.make_design(shape, config)
     assert validate(design) == []
-    ins = {"x": _bf16(shape.m, shape.k, seed=1, scale=30.0), "g": _bf16(shape.k, seed=2)}
+    ins = {"x": bf16(shape.m, shape.k, seed=1, scale=30.0), "g": bf16(shape.k, seed=2)}
     for j, (w, _) in enumerate(qgemv.tensor_names(shape)):
-        ins[w] = quantize(_bf16(shape.matrices()[j], shape.k, seed=3 + j, scale=0.05), shape.fmt, shape.block).data
+        ins[w] = quantize(bf16(shape.matrices()[j], shape.k, seed=3 + j, scale=0.05), shape.fmt, shape.block).data
     tile, exact, prod = run_tile(design, ins), run_fast(design, ins, exact=True), run_fast(design, ins)
     norm = rmsnorm.make_design(rmsnorm.Shape(shape.m, shape.k, eps=shape.norm_eps))
     normed = run_fast(norm, {"x": ins["x"], "w": ins["g"]})["y"]
@@ -79,14 +73,6 @@ def test_a_prologue_needs_a_resident_x():
         qgemv.make_design(shape, qgemv.Config(2, 8, 64, 2, 1, "q4_0"))
     assert all(c.x_rides for c in qgemv.candidate_configs(shape))
     assert qgemv.default_config(shape).x_rides
-
-
-def _logits(plan, ck, lib):
-    runner = NpuRunner(plan, ck, library=lib)
-    out = [runner.prefill(IDS).logits[-1]]
-    for _ in range(2):
-        out.append(runner.decode(int(out[-1].argmax())).logits[-1])
-    return out, lib.timed_dispatches(one_dispatch_name("decode"))[-1]
 
 
 def test_a_norm_whose_output_another_op_reads_is_refused(tiny_model):
@@ -132,10 +118,10 @@ def test_the_residual_epilogue_is_the_gemv_then_the_add_bit_for_bit(shape, confi
     """Every worker adds its own rows of the residual (a row shifted by one would show: residuals of scale 20)."""
     design = qgemv.make_design(shape, config)
     assert validate(design) == []
-    ins = {"x": _bf16(shape.m, shape.k, seed=1, scale=3.0), "r": _bf16(shape.m, shape.n, seed=5, scale=20.0)}
+    ins = {"x": bf16(shape.m, shape.k, seed=1, scale=3.0), "r": bf16(shape.m, shape.n, seed=5, scale=20.0)}
     if shape.norm_eps is not None:
-        ins["g"] = _bf16(shape.k, seed=2)
-    ins["w"] = quantize(_bf16(shape.n, shape.k, seed=3, scale=0.05), shape.fmt, shape.block).data
+        ins["g"] = bf16(shape.k, seed=2)
+    ins["w"] = quantize(bf16(shape.n, shape.k, seed=3, scale=0.05), shape.fmt, shape.block).data
     tile, exact = run_tile(design, ins)["y"], run_fast(design, ins, exact=True)["y"]
     plain = qgemv.make_design(replace(shape, residual=False), config)
     y = run_fast(plain, {k: v for k, v in ins.items() if k != "r"}, exact=True)["y"]
@@ -175,12 +161,7 @@ def test_a_decode_pass_with_a_fold_gives_the_same_logits_with_fewer_launches(tin
     assert all(r in [m for g in folded.decode.block for m in g.merged] for r in runs)
     back = split_stage(folded, kinds=(kind,))
     assert [m for g in back.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
-    lib = KernelLibrary()
-    before, one_before = _logits(merged, ck, lib)
-    after, one_after = _logits(folded, ck, lib)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert one_before.launches - one_after.launches == 2 * ck.spec.n_layers
-    assert one_after.seconds < one_before.seconds
+    assert_same_logits_fewer_launches(merged, folded, ck, 2 * ck.spec.n_layers)
 
 
 def test_a_residual_fold_whose_output_another_op_reads_is_refused(tiny_model):
@@ -213,11 +194,11 @@ def test_the_swiglu_epilogue_is_the_gate_up_gemv_then_swiglu_bit_for_bit(shape, 
     neighbour's gate would show); only silu(gate) * up leaves the array."""
     design = qgemv.make_design(shape, config)
     assert validate(design) == [] and [t.name for t in design.outputs] == ["y"]
-    ins = {"x": _bf16(shape.m, shape.k, seed=1, scale=3.0)}
+    ins = {"x": bf16(shape.m, shape.k, seed=1, scale=3.0)}
     if shape.norm_eps is not None:
-        ins["g"] = _bf16(shape.k, seed=2)
+        ins["g"] = bf16(shape.k, seed=2)
     for j in range(2):
-        ins[f"w{j}"] = quantize(_bf16(shape.parts[j], shape.k, seed=3 + j, scale=0.3), shape.fmt, shape.block).data
+        ins[f"w{j}"] = quantize(bf16(shape.parts[j], shape.k, seed=3 + j, scale=0.3), shape.fmt, shape.block).data
     tile, exact, prod = (run_tile(design, ins)["y"], run_fast(design, ins, exact=True)["y"], run_fast(design, ins)["y"])
     plain = qgemv.make_design(replace(shape, gated=False), config)
     gate_up = run_fast(plain, ins)
@@ -238,12 +219,7 @@ def test_every_fold_together_gives_the_same_logits_with_four_launches_fewer_per_
     assert folded is not None and validate_plan(folded) == [] and gated_stage(folded) is None
     runs = [m for g in folded.decode.block for m in g.merged]
     assert ["gate_proj", "up_proj", "ffn_norm", "swiglu"] in runs
-    lib = KernelLibrary()
-    before, one_before = _logits(merged, ck, lib)
-    after, one_after = _logits(folded, ck, lib)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert one_before.launches - one_after.launches == 5 * ck.spec.n_layers  # 2 norms, 2 adds, 1 SwiGLU
-    assert one_after.seconds < one_before.seconds
+    assert_same_logits_fewer_launches(merged, folded, ck, 5 * ck.spec.n_layers)  # 2 norms, 2 adds, 1 SwiGLU
     alts = packing_alternatives(folded)
     unfolded = next(p for p, how in alts if "SwiGLU epilogues" in how)
     assert [m for g in unfolded.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from folds import assert_same_logits_fewer_launches, bf16
 
 from tilepilot.harness.model_gate import model_gate
 from tilepilot.kernels import rmsnorm, rope
@@ -24,15 +25,7 @@ from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
 from tilepilot.plan.merge import merged_stage, normed_rope_stage, packing_alternatives, split_stage
 from tilepilot.plan.plan import validate_plan, with_weights
-from tilepilot.runtime.dispatcher import KernelLibrary
-from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
 from tilepilot.skills.optimize.decode import QkNormIntoRope
-
-IDS = [1, 5, 9, 13, 2]
-
-
-def _bf16(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).bfloat16()
 
 
 # decode's one token, and prefill-sized launches: each object is its own task group (its BD chain), so a worker with
@@ -42,8 +35,8 @@ def test_the_fused_launch_is_the_per_head_norms_then_rope_bit_for_bit(rows, norm
     shape = rope.Shape(rows, sum(norm_heads), d, norm_heads=norm_heads, norm_eps=1e-6)
     design = rope.make_design(shape)
     assert validate(design) == []
-    parts = [_bf16(rows, h * d, seed=j, scale=20.0) for j, h in enumerate(norm_heads)]
-    weights = [_bf16(d, seed=10 + j) for j in range(len(norm_heads))]
+    parts = [bf16(rows, h * d, seed=j, scale=20.0) for j, h in enumerate(norm_heads)]
+    weights = [bf16(d, seed=10 + j) for j in range(len(norm_heads))]
     cs = rope.table(torch.arange(1, d // 2 + 1).float().reciprocal(), torch.arange(7, 7 + rows))
     ins = {"x": torch.cat(parts, dim=1), "cs": cs, "g": torch.stack(weights)}
     tile, exact, prod = run_tile(design, ins)["y"], run_fast(design, ins, exact=True)["y"], run_fast(design, ins)["y"]
@@ -63,14 +56,6 @@ def test_the_fused_launch_is_the_per_head_norms_then_rope_bit_for_bit(rows, norm
         rope.make_design(replace(shape, norm_heads=(1,)))
 
 
-def _logits(plan, ck, lib):
-    runner = NpuRunner(plan, ck, library=lib)
-    out = [runner.prefill(IDS).logits[-1]]
-    for _ in range(2):
-        out.append(runner.decode(int(out[-1].argmax())).logits[-1])
-    return out, lib.timed_dispatches(one_dispatch_name("decode"))[-1]
-
-
 @pytest.mark.parametrize("fmt", ["bf16", "q4_0"])
 def test_a_decode_pass_with_the_norms_in_rope_gives_the_same_logits_with_two_launches_fewer(tiny_model, fmt):
     ck = load_checkpoint(tiny_model("qwen3", layers=2))
@@ -84,12 +69,7 @@ def test_a_decode_pass_with_the_norms_in_rope_gives_the_same_logits_with_two_lau
     # taking the RoPE ops out takes their norms out too: no run of norms alone is left behind
     no_rope = split_stage(folded, kinds=("rope",))
     assert not any("q_norm" in m for g in no_rope.decode.block for m in g.merged) and validate_plan(no_rope) == []
-    lib = KernelLibrary()
-    before, one_before = _logits(merged, ck, lib)
-    after, one_after = _logits(folded, ck, lib)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert one_before.launches - one_after.launches == 2 * ck.spec.n_layers
-    assert one_after.seconds < one_before.seconds
+    assert_same_logits_fewer_launches(merged, folded, ck, 2 * ck.spec.n_layers)
 
 
 def test_a_fold_another_reader_or_the_accumulator_forbids_is_refused(tiny_model):

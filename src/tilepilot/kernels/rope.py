@@ -26,6 +26,7 @@ equals the norm launches then RoPE bit for bit; the norms' launches and their ou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -148,14 +149,17 @@ def rotate_rows(x: torch.Tensor, cs: torch.Tensor, head_dim: int, layout: str = 
     return nx.round_bf16(y).reshape(n, -1)
 
 
-def normalize_heads(x: torch.Tensor, g: torch.Tensor, shape: Shape) -> torch.Tensor:
-    """x [n, heads * head_dim] with each head normalized by its norm's weight row of g (``Shape.norm_heads``), by the
-    rmsnorm kernel's arithmetic on rows of head_dim (what a per-head norm launch computes)."""
+def normalize_heads(
+    x: torch.Tensor, g: torch.Tensor, shape: Shape, norm: Callable[..., torch.Tensor] = rmsnorm.normalize_rows
+) -> torch.Tensor:
+    """x [n, heads * head_dim] with each head normalized by its norm's weight row of g (``Shape.norm_heads``), by
+    ``norm(rows, weight, eps)`` on rows of head_dim: the rmsnorm kernel's arithmetic (what a per-head norm launch
+    computes), or the oracle's FP32 op for the reference."""
     n, d = x.shape[0], shape.head_dim
     parts, h0 = [], 0
     for j, heads in enumerate(shape.norm_heads):
         rows = x[:, h0 * d : (h0 + heads) * d].reshape(-1, d)
-        parts.append(rmsnorm.normalize_rows(rows, g[j], shape.norm_eps).reshape(n, heads * d))
+        parts.append(norm(rows, g[j], shape.norm_eps).reshape(n, heads * d))
         h0 += heads
     return torch.cat(parts, dim=1)
 
@@ -250,12 +254,7 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
     d = cs.shape[-1]
     half = d // 2
     if shape is not None and shape.norm_heads:
-        parts, h0 = [], 0
-        for j, heads in enumerate(shape.norm_heads):
-            rows = x[:, h0 * d : (h0 + heads) * d].reshape(-1, d)
-            parts.append(ops.rmsnorm(rows, inputs["g"][j], shape.norm_eps).reshape(x.shape[0], heads * d))
-            h0 += heads
-        x = torch.cat(parts, dim=1)
+        x = normalize_heads(x, inputs["g"], shape, ops.rmsnorm)
     cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1).to(torch.float32)
     sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1).to(torch.float32)
     y = ops.apply_rope(x.reshape(x.shape[0], -1, d), cos, sin)
