@@ -23,6 +23,7 @@ says so instead of guessing.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -56,7 +57,7 @@ from tilepilot.plan.merge import (
     residual_stage,
 )
 from tilepilot.plan.plan import DeploymentPlan, with_weights
-from tilepilot.plan.resident import fit_resident
+from tilepilot.plan.resident import fit_resident, search_structures, squeezed
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.eta import decode_streamed_bytes
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
@@ -144,6 +145,14 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     return plan
 
 
+def with_prefill(plan: DeploymentPlan, spec: ModelSpec, fmt: WeightFormat, packed_prefill: bool) -> DeploymentPlan:
+    """``plan`` with the paper's prefill at ``fmt``, packed ``qgemm`` or bf16 GEMMs over dequantized weights: the
+    decode skills never touch prefill, so one decode fit serves both prefill choices."""
+    out = copy.deepcopy(plan)
+    out.prefill = with_weights(paper_like_plan(spec), fmt, packed_prefill=packed_prefill).prefill
+    return out
+
+
 def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill: bool) -> DeploymentPlan:
     """The plan structure the decode phase's skills reach, at weight format ``fmt`` (``resident_of`` the switched
     structure)."""
@@ -153,21 +162,36 @@ def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefil
 def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> DeploymentPlan:
     """The switched structure made resident (``resident-decode``: every launch packed into the array, configured
     once, no design switch; the configs that do not fit together replaced by ``plan.resident.fit_resident``), or
-    the switched one when no packing is found."""
+    the switched one when no packing is found. As the skill does, it fits the pass and its ``packing_alternatives``,
+    keeps the fastest, and when that fit leaves a weight stream below the DDR rate (``plan.resident.squeezed``)
+    walks from it one unit at a time (``plan.resident.search_structures``)."""
     fits = []
-    for alt, _ in packing_alternatives(plan):  # as resident-decode does: also with merged RoPE / bias launches split
-        try:
-            fits.append(fit_resident(alt, spec)[0])
-        except DesignError as e:
-            print(f"{spec.name} {label}: no resident packing ({e})", file=sys.stderr)
+    for n, (alt, _) in enumerate(packing_alternatives(plan)):  # also with merged RoPE / bias / GEMV runs split
+        got = fit_timed(alt, spec, label)
+        if got is not None:
+            fits.append((got[1], n, got[0], alt))
     if not fits:
         print(f"{spec.name} {label}: the switched pass is timed", file=sys.stderr)
         return plan
-    if len(fits) > 1:  # the faster at the packing context; ties to the pass as it is
-        fits.sort(key=lambda f: time_plan(f, spec, prompt_len=PACK_CONTEXT).decode_s_per_token)
-    resident = fits[0]
+    seconds, _, resident, base = min(fits, key=lambda f: (f[0], f[1]))  # ties to the pass as it is
+    tight = squeezed(resident, spec)
+    if tight:
+        steps = search_structures(base, seconds, lambda p: fit_timed(p, spec, label))
+        for _, _, s, words in steps:
+            print(f"{spec.name} {label}: {', '.join(tight)} squeezed; {words}: {1 / s:.2f} tok/s", file=sys.stderr)
+        resident = steps[-1][1] if steps else resident
     resident.name = plan.name
     return resident
+
+
+def fit_timed(plan: DeploymentPlan, spec: ModelSpec, label: str) -> tuple[DeploymentPlan, float] | None:
+    """``plan``'s resident fit and its modeled decode seconds per token at the packing context, or None (said)."""
+    try:
+        fitted = fit_resident(plan, spec)[0]
+    except DesignError as e:
+        print(f"{spec.name} {label}: no resident packing ({e})", file=sys.stderr)
+        return None
+    return fitted, time_plan(fitted, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
 
 
 def kv_ceiling(one: Any, bound_tok_s: float) -> float:
@@ -195,11 +219,12 @@ def time_model(name: str, spec: ModelSpec, prompt_len: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     air = time_plan(builtin_plan("air-q4", spec), spec, prompt_len=prompt_len, library=lib)
     for label, fmt in FORMATS:
-        choices = (True, False) if fmt.quantized else (False,)
+        # the prefill choice does not touch the decode pass: fit it once, then time it with each prefill
+        sw = switched_plan(spec, label, fmt, False)
+        resident = resident_of(sw, spec, label)
         timed = []
-        for packed in choices:
-            sw = switched_plan(spec, label, fmt, packed)
-            plan = resident_of(sw, spec, label)
+        for packed in (True, False) if fmt.quantized else (False,):
+            plan = with_prefill(resident, spec, fmt, packed)
             timed.append((time_plan(plan, spec, prompt_len=prompt_len, library=lib), packed, plan, sw))
         t, packed, plan, sw = min(timed, key=lambda x: (x[0].ttft_s, x[1]))
         switched = time_plan(sw, spec, prompt_len=prompt_len, library=lib)

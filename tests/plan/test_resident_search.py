@@ -9,8 +9,9 @@ from tilepilot.model.quant import WeightFormat
 from tilepilot.plan import resident
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import paper_like_plan
-from tilepilot.plan.merge import merged_stage
-from tilepilot.plan.plan import with_weights
+from tilepilot.plan.merge import gated_stage, merged_stage, normed_stage, residual_stage, split_moves
+from tilepilot.plan.plan import validate_plan, with_weights
+from tilepilot.plan.resident import search_structures
 from tilepilot.runtime.timing import time_plan
 
 Q4_0_PACKED_HEAD = WeightFormat("q4_0", bf16_tensors=("embed",))
@@ -109,3 +110,74 @@ def test_a_launch_held_at_a_faster_config_finds_room_the_one_at_a_time_repair_ca
     fast = time_plan(kicked, spec, 2048).decode_s_per_token  # packs the pass again: a broken budget would raise
     slow = time_plan(plain, spec, 2048).decode_s_per_token
     assert fast < 0.9 * slow
+
+
+def _folded_q4(spec):
+    """The q4 one-dispatch pass with every fold the decode skills make (norms, residual adds, SwiGLU)."""
+    plan = _one_dispatch_q4(spec)
+    for fold in (normed_stage, residual_stage, gated_stage):
+        plan = fold(plan) or plan
+    return plan
+
+
+def test_split_moves_undo_one_unit_each_and_every_move_is_a_legal_plan(llama_1b):
+    plan = _folded_q4(llama_1b)
+    runs = plan.decode.block[0].merged
+    assert ["q_proj", "k_proj", "v_proj", "attn_norm"] in runs and ["o_proj", "resid1"] in runs
+    moves = split_moves(plan)
+    got = {words: p.decode.block[0].merged for p, words in moves}
+    # a fold out of a multi-matrix launch leaves the launch; a run undone leaves every other run as it was
+    assert got["attn_norm out of q_proj's launch"] == [["q_proj", "k_proj", "v_proj"], *runs[1:]]
+    assert got["o_proj+resid1 as separate launches"] == [r for r in runs if r != ["o_proj", "resid1"]]
+    assert "resid1 out of o_proj's launch" not in got  # the same plan as the run undone: said once
+    gate = next(r for r in runs if r[0] == "gate_proj")
+    assert got["swiglu out of gate_proj's launch"] == [
+        [o for o in gate if o != "swiglu"] if r == gate else r for r in runs
+    ]
+    assert len(moves) == len({tuple(map(tuple, m)) for m in got.values()})
+    assert got["lm_head+final_norm as separate launches"] == runs  # the head's folded norm is a unit too
+
+    def merged_ops(p):
+        return sum(len(m) for g in p.decode.groups() for m in g.merged)
+
+    for p, _ in moves:
+        assert validate_plan(p) == [] and merged_ops(p) < merged_ops(plan)
+    assert plan.decode.block[0].merged == runs  # the plan itself is left as it was
+
+
+def test_the_structure_walk_takes_the_fastest_move_until_none_beats_the_best(smollm2_135m):
+    """A fake fit (seconds = a function of the runs left, None for one that does not pack): the walk takes the
+    fastest move each round, skips what does not pack, stops when no move is faster, and says every step."""
+    plan = _folded_q4(smollm2_135m)
+    cost = {"q_proj": 3.0, "rope_q": 1.0, "o_proj": 2.5, "down_proj": 0.5}  # a run's cost while merged
+
+    def fit(p):
+        runs = [m[0] for m in p.decode.block[0].merged]
+        if "o_proj" not in runs:
+            return None  # splitting O's fold does not pack
+        return p, sum(cost.get(r, 0.0) for r in runs) + 0.1 * sum(map(len, p.decode.block[0].merged))
+
+    start = fit(plan)[1]
+    steps = search_structures(plan, start, fit, rounds=5)
+    assert [s[1] is s[0] for s in steps] == [True] * len(steps)
+    seconds = [s[2] for s in steps]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] < start
+    final = [m[0] for m in steps[-1][0].decode.block[0].merged]
+    assert "q_proj" not in final and "rope_q" not in final and "o_proj" in final
+    assert "q_proj+k_proj+v_proj" in steps[0][3]  # the costliest run first
+    again = search_structures(steps[-1][0], seconds[-1], fit)
+    assert again == []  # the end of the walk is a local minimum
+    assert search_structures(plan, start, fit, rounds=1) == steps[:1]
+
+
+def test_squeezed_names_the_streams_a_packing_left_below_the_ddr_rate(llama_1b):
+    plan = _one_dispatch_q4(llama_1b)
+    calls = {c.op: c for g in plan.decode.groups() for c in g.calls}
+    for op in ("o_proj", "down_proj"):
+        calls[op].config = {"fmt": "q4_0", "block": 32, "cols": 8, "rows": 4, "tile_m": 2, "tile_k": 512, "depth": 2,
+                            "weight_channels": 2}  # fmt: skip
+    assert not [s for s in resident.squeezed(plan, llama_1b) if s.startswith(("o_proj", "down_proj"))]
+    calls["o_proj"].config = {"fmt": "q4_0", "block": 32, "cols": 1, "rows": 1}
+    tight = resident.squeezed(plan, llama_1b)
+    assert any(s.startswith("o_proj (") for s in tight)
+    assert not any(s.startswith("down_proj") for s in tight)

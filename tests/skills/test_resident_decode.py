@@ -182,3 +182,35 @@ def test_a_pass_with_merged_rope_and_bias_is_also_fitted_with_each_and_both_spli
         " with Q's and K's RoPE as separate launches",
         " with the multi-matrix GEMVs and every fold into a GEMV as separate launches",
     ]
+
+
+def test_a_squeezed_packing_walks_the_structure_and_proposes_where_it_ends(fresh_ctx, monkeypatch):
+    """When the fastest fit leaves a weight stream below the DDR rate (``plan.resident.squeezed``, said here of a
+    tiny model whose streams are never squeezed), the skill walks the structure from that fit's unfitted pass and
+    seconds, and proposes the walk's last resident fit; a walk that finds nothing faster proposes nothing more.
+    (The walk itself: ``tests/plan/test_resident_search.py``.)"""
+    from tilepilot.skills.optimize import decode
+
+    ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(_fused(ctx.plan.model_spec())))
+    ctx.opt_stage = "decode"
+    assert decode.squeezed(fit_resident(ctx.plan)[0]) == []
+    calls = []
+    real = decode.search_structures
+
+    def walk(base, seconds, fit, **kw):
+        calls.append((base, seconds, real(base, seconds, fit, **kw)))
+        return calls[-1][2] or [(base, fit(base)[0], seconds / 2, "a unit as separate launches")]
+
+    monkeypatch.setattr(decode, "squeezed", lambda plan: ["o_proj (compute)"])
+    monkeypatch.setattr(decode, "search_structures", walk)
+    props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
+    (base, seconds, steps) = calls[0]
+    fits = [ctx.timing(p.plan).decode_s_per_token for p in props[:3]]
+    best = props[fits.index(min(fits))].plan
+    assert seconds == min(fits) and base.decode.block[0].merged == best.decode.block[0].merged
+    assert steps == []  # the real walk: on this tiny model every merge and fold pays for itself
+    assert len(props) == 4 and props[3].plan.decode.resident
+    assert "with a unit as separate launches (o_proj (compute) squeezed before)" in props[3].change
+    monkeypatch.setattr(decode, "search_structures", real)
+    assert len(list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))) == 3

@@ -327,3 +327,35 @@ def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tu
         seen.add(key)
         out.append((alt, " with " + " and ".join(words[k] for k in kinds) + " as separate launches"))
     return out
+
+
+def split_moves(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[DeploymentPlan, str]]:
+    """Every copy of ``plan`` one unit less merged, each with a few words saying what was undone: a folded op taken
+    out of its GEMV launch (a RoPE launch's per-head norms together, as they fold together), or a whole merged run
+    split into its launches. ``SPLITTABLE`` undoes a kind everywhere at once; a resident packing is a search over
+    the array's L1, whose best structure a kind at a time can miss (Llama-3.2-3B at q4_0 packed fastest with Q/K/V
+    merged, its norm, RoPE and gate/up separate, and the residual adds folded), so ``resident-decode`` also walks
+    from its best fit one unit at a time (``plan.resident.search_structures``)."""
+    graph = block_graph(plan.model_spec())
+    out: list[tuple[DeploymentPlan, str]] = []
+    seen: set[tuple] = set()
+    for gi, g in enumerate(plan.stage(stage).groups()):
+        for mi, m in enumerate(g.merged):
+            kinds = [graph.node(o).kind for o in m]
+            folded = sorted({k for k in kinds if k in FOLDED_KINDS}, key=kinds.index)
+            # (the run that stays, or None, and what was undone)
+            undo: list[tuple[list[str] | None, str]] = [(None, f"{'+'.join(m)} as separate launches")]
+            for kind in folded:
+                rest = [o for o, k in zip(m, kinds, strict=True) if k != kind]
+                keep = rest if len(rest) > 1 and graph.node(rest[0]).kind == kinds[0] else None
+                out_ops = ", ".join(o for o, k in zip(m, kinds, strict=True) if k == kind)
+                undo.append((keep, f"{out_ops} out of {m[0]}'s launch"))
+            for keep, words in undo:
+                new = copy.deepcopy(plan)
+                ng = new.stage(stage).groups()[gi]
+                ng.merged = [*ng.merged[:mi], *([keep] if keep else []), *ng.merged[mi + 1 :]]
+                key = tuple(tuple(map(tuple, x.merged)) for x in new.stage(stage).groups())
+                if key not in seen:
+                    seen.add(key)
+                    out.append((new, words))
+    return out

@@ -31,6 +31,7 @@ from tilepilot.npu.placer import SequentialPlacer
 from tilepilot.npu.resident import Occupancy, Packing, pack, summary_of, tiles_of, touches
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, tile_budgets, validate, validate_group
+from tilepilot.plan.merge import split_moves
 from tilepilot.plan.plan import DeploymentPlan, KernelCall
 
 # Candidates of one family tried per launch (the family's own ranking; the tuner's bound, kernels/tuning.py).
@@ -660,3 +661,56 @@ def _gain(
             return 0.0
         gain += (bk.seconds - got.seconds) * sk.per_token
     return gain
+
+
+# Weight-streaming families: a resident pass whose packing leaves one of these below the DDR rate is worth refitting
+# with another structure (``squeezed``).
+STREAMING_FAMILIES = ("gemv", "qgemv", "lm_head")
+# Rounds of ``search_structures`` (each fits every one-unit move of the best structure so far).
+STRUCTURE_ROUNDS = 3
+
+
+def squeezed(plan: DeploymentPlan, spec: ModelSpec | None = None, *, device: Device | None = None) -> list[str]:
+    """The weight-streaming launches of ``plan``'s resident decode that its packing left below the DDR rate (bound by
+    compute or a DMA channel: tiles too small or too few for the stream), as ``op (bound)``. A launch of the
+    switched pass at its tuned config streams at the DDR rate; here the array's L1 is shared by every launch, and
+    when a stream is squeezed another structure of merged runs and folds may pack it better."""
+    spec = spec or plan.model_spec()
+    built = _Designs(device or npu2())
+    out = []
+    for s in _slots(plan, spec, 2048):
+        got = built.of(s) if s.call.family in STREAMING_FAMILIES else None
+        bounds = {time_design(d).bound for d in got.designs} if got else set()
+        if bounds - {"ddr"}:
+            out.append(f"{s.call.op} ({'/'.join(sorted(bounds - {'ddr'}))})")
+    return out
+
+
+def search_structures(
+    base: DeploymentPlan,
+    seconds: float,
+    fit: Callable[[DeploymentPlan], tuple[DeploymentPlan, float] | None],
+    *,
+    stage: str = "decode",
+    rounds: int = STRUCTURE_ROUNDS,
+) -> list[tuple[DeploymentPlan, DeploymentPlan, float, str]]:
+    """A walk over the structures of ``base`` (an unfitted pass whose resident fit takes ``seconds`` per token): each
+    round fits every one-unit move of the best structure so far (``plan.merge.split_moves``: a fold taken out, a
+    merged run split; ``fit(plan)`` -> (the resident plan, its seconds per token) or None when it does not pack)
+    and moves to the fastest when it beats the best; it stops when none does or after ``rounds``. Returns every step
+    taken as (structure, its resident fit, seconds, what was undone): ties go to the first move, so the walk is a
+    function of the plan. A packing is a heuristic search over shared L1, so one unit can change the fit of
+    launches far from it; the walk spends fits only where the caller found the best fit squeezed."""
+    steps = []
+    for _ in range(rounds):
+        tried = []
+        for alt, words in split_moves(base, stage):
+            got = fit(alt)
+            if got is not None:
+                tried.append((got[1], alt, got[0], words))
+        better = [t for t in tried if t[0] < seconds]
+        if not better:
+            break
+        seconds, base, fitted, words = min(better, key=lambda t: t[0])
+        steps.append((base, fitted, seconds, words))
+    return steps

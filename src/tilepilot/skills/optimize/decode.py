@@ -61,7 +61,7 @@ from tilepilot.plan.merge import (
     packing_alternatives,
     residual_stage,
 )
-from tilepilot.plan.resident import fit_resident
+from tilepilot.plan.resident import fit_resident, search_structures, squeezed
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -285,7 +285,9 @@ class ResidentDecode(PlanOptimization):
     )
     purpose = (
         "Removes the design switch of every launch after the first (inside a one-dispatch decode, most of what is not "
-        "weight streaming); what it costs is the smaller tiles the packing needs."
+        "weight streaming); what it costs is the smaller tiles the packing needs. When the fastest packing leaves a "
+        "weight stream below the DDR rate, it also fits the pass one merged run or fold less at a time, from the best "
+        "so far, and proposes the fastest structure it reaches."
     )
     commands = ("tilepilot skills run resident-decode WORKSPACE --json",)
     gate_text = _GATE
@@ -309,14 +311,37 @@ class ResidentDecode(PlanOptimization):
         fused = "" if st.one_dispatch else " (from per-group dispatches, windowed KV readback)"
         # the pass as it is, then with its merged RoPE and/or bias launches split (``plan.merge.packing_alternatives``):
         # each is kept only when faster than the plan of the moment, so a split wins only where it packs better
-        for alt, how in packing_alternatives(base, stage):
+        fits = []
+        for n, (alt, how) in enumerate(packing_alternatives(base, stage)):
             try:
                 new, changes = _fit_with_bindings(alt, stage, ctx.settings.gate_prompt_len)
             except DesignError as e:
                 ctx.workspace.journal.progress(f"resident-decode: the decode pass{how} cannot be packed ({e})")
                 continue
+            fits.append((ctx.timing(new).decode_s_per_token, n, new, alt))
             said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
             yield Proposal(new, f"{stage}: one resident dispatch{how}, every launch packed into the array{fused}{said}")
+        if not fits:
+            return
+        # the fastest fit squeezes a weight stream below the DDR rate: walk its structure one unit at a time
+        seconds, _, best, start = min(fits, key=lambda f: (f[0], f[1]))
+        tight = squeezed(best)
+        if not tight:
+            return
+
+        def fit(p):
+            try:
+                got = _fit_with_bindings(p, stage, ctx.settings.gate_prompt_len)[0]
+            except DesignError:
+                return None
+            return got, ctx.timing(got).decode_s_per_token
+
+        ctx.workspace.journal.progress(f"resident-decode: {', '.join(tight)} below the DDR rate; walking the structure")
+        steps = search_structures(start, seconds, fit, stage=stage)
+        if steps:
+            undone = "; ".join(w for *_, w in steps)
+            yield Proposal(steps[-1][1], f"{stage}: one resident dispatch with {undone} ({', '.join(tight)} squeezed "
+                                         f"before), every launch packed into the array{fused}")  # fmt: skip
 
 
 # Refits when a fitted config breaks a group's launch bindings (``harness.probes.group_checks``, which the plan layer's
