@@ -179,6 +179,8 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
         steps = search_structures(base, seconds, lambda p: fit_timed(p, spec, label))
         for _, _, s, words in steps:
             print(f"{spec.name} {label}: {', '.join(tight)} squeezed; {words}: {1 / s:.2f} tok/s", file=sys.stderr)
+        if not steps:
+            print(f"{spec.name} {label}: {', '.join(tight)} squeezed; no move packs faster", file=sys.stderr)
         resident = steps[-1][1] if steps else resident
     resident.name = plan.name
     return resident

@@ -338,7 +338,9 @@ class ResidentDecode(PlanOptimization):
 
         ctx.workspace.journal.progress(f"resident-decode: {', '.join(tight)} below the DDR rate; walking the structure")
         steps = search_structures(start, seconds, fit, stage=stage)
-        if steps:
+        if not steps:
+            ctx.workspace.journal.progress("resident-decode: no structure one merged run or fold less packs faster")
+        else:
             undone = "; ".join(w for *_, w in steps)
             yield Proposal(steps[-1][1], f"{stage}: one resident dispatch with {undone} ({', '.join(tight)} squeezed "
                                          f"before), every launch packed into the array{fused}")  # fmt: skip
