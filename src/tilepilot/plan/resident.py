@@ -671,18 +671,34 @@ STRUCTURE_ROUNDS = 3
 
 
 def squeezed(plan: DeploymentPlan, spec: ModelSpec | None = None, *, device: Device | None = None) -> list[str]:
-    """The weight-streaming launches of ``plan``'s resident decode that its packing left below the DDR rate (bound by
-    compute or a DMA channel: tiles too small or too few for the stream), as ``op (bound)``. A launch of the
-    switched pass at its tuned config streams at the DDR rate; here the array's L1 is shared by every launch, and
-    when a stream is squeezed another structure of merged runs and folds may pack it better."""
+    """The weight-streaming launches of ``plan``'s decode that its configs leave below the DDR rate (bound by compute
+    or a DMA channel) although the launch's fastest legal config alone streams at it, as ``op (bound)``: in a
+    resident pass every launch shares the array's L1, and a stream the packing squeezed may pack better in another
+    structure of merged runs and folds. A launch no config streams at the DDR rate (a bf16 LM head's compute-bound
+    tiles) is not squeezed by anything a structure could give back, nor is one whose fastest config would save less
+    than ``KICK_MIN_SHARE`` of the pass's launch time."""
     spec = spec or plan.model_spec()
-    built = _Designs(device or npu2())
+    device = device or npu2()
+    built = _Designs(device)
+
+    def bounds(b: _Built) -> set[str]:
+        return {time_design(d).bound for d in b.designs} - {"ddr"}
+
+    slots = _slots(plan, spec, 2048)
+    if any(built.of(s) is None for s in slots):
+        return []  # an illegal config: the fit repairs it before anything is squeezed
+    total = _launch_seconds(slots, built)
     out = []
-    for s in _slots(plan, spec, 2048):
+    for s in slots:
         got = built.of(s) if s.call.family in STREAMING_FAMILIES else None
-        bounds = {time_design(d).bound for d in got.designs} if got else set()
-        if bounds - {"ddr"}:
-            out.append(f"{s.call.op} ({'/'.join(sorted(bounds - {'ddr'}))})")
+        if got is None or not bounds(got):
+            continue
+        alone = _fastest(s, built, device, _Rules())
+        # as for a kick: a stream with less than KICK_MIN_SHARE of the pass to gain cannot pay for the refits
+        if alone is None or (got.seconds - alone[0]) * s.per_token < KICK_MIN_SHARE * total:
+            continue
+        if not bounds(built.get(s.call.family, s.shape(alone[1]), alone[1])):
+            out.append(f"{s.call.op} ({'/'.join(sorted(bounds(got)))})")
     return out
 
 
