@@ -138,15 +138,26 @@ def split_stage(
         for m in g.merged:
             nodes = [graph.node(o) for o in m]
             if any(n.kind in FOLDED_KINDS for n in nodes):  # a launch with folded ops: take out the named ones
-                rest = [o for o, n in zip(m, nodes, strict=True) if n.kind not in kinds]
-                # what is left is still a run when its launch's own ops remain (the norms of a RoPE run taken out
-                # with its RoPE ops are separate launches again)
-                keep += [rest] if len(rest) > 1 and graph.node(rest[0]).kind == nodes[0].kind else []
+                rest = _left_of(m, nodes, kinds)
+                keep += [rest] if rest else []
             elif nodes[0].kind not in kinds:
                 keep.append(m)
         changed |= keep != g.merged
         g.merged = keep
     return new if changed else None
+
+
+def _left_of(run: list[str], nodes: list, kinds: tuple[str, ...]) -> list[str] | None:
+    """What stays of a folded run with its ops of ``kinds`` taken out: still a run when its launch's own ops remain
+    and are more than one (the norms of a RoPE run taken out with its RoPE ops are separate launches again), else
+    None (every op a launch of its own)."""
+    rest = [o for o, n in zip(run, nodes, strict=True) if n.kind not in kinds]
+    return rest if len(rest) > 1 and nodes[run.index(rest[0])].kind == nodes[0].kind else None
+
+
+def _structure(plan: DeploymentPlan, stage: str) -> tuple:
+    """The merged runs of every group of ``stage``: two plans with the same structure fit the same."""
+    return tuple(tuple(map(tuple, g.merged)) for g in plan.stage(stage).groups())
 
 
 def normed_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
@@ -321,7 +332,7 @@ def packing_alternatives(plan: DeploymentPlan, stage: str = "decode") -> list[tu
         alt = split_stage(plan, stage, kinds)
         if alt is None:
             continue
-        key = tuple(tuple(map(tuple, g.merged)) for g in alt.stage(stage).groups())
+        key = _structure(alt, stage)
         if key in seen:
             continue
         seen.add(key)
@@ -338,24 +349,24 @@ def split_moves(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[Deplo
     from its best fit one unit at a time (``plan.resident.search_structures``)."""
     graph = block_graph(plan.model_spec())
     out: list[tuple[DeploymentPlan, str]] = []
+    structure = _structure(plan, stage)
     seen: set[tuple] = set()
     for gi, g in enumerate(plan.stage(stage).groups()):
         for mi, m in enumerate(g.merged):
-            kinds = [graph.node(o).kind for o in m]
-            folded = sorted({k for k in kinds if k in FOLDED_KINDS}, key=kinds.index)
+            nodes = [graph.node(o) for o in m]
+            folded = sorted({n.kind for n in nodes if n.kind in FOLDED_KINDS}, key=[n.kind for n in nodes].index)
             # (the run that stays, or None, and what was undone)
             undo: list[tuple[list[str] | None, str]] = [(None, f"{'+'.join(m)} as separate launches")]
             for kind in folded:
-                rest = [o for o, k in zip(m, kinds, strict=True) if k != kind]
-                keep = rest if len(rest) > 1 and graph.node(rest[0]).kind == kinds[0] else None
-                out_ops = ", ".join(o for o, k in zip(m, kinds, strict=True) if k == kind)
-                undo.append((keep, f"{out_ops} out of {m[0]}'s launch"))
+                out_ops = ", ".join(n.op for n in nodes if n.kind == kind)
+                undo.append((_left_of(m, nodes, (kind,)), f"{out_ops} out of {m[0]}'s launch"))
             for keep, words in undo:
+                runs = (*g.merged[:mi], *([keep] if keep else []), *g.merged[mi + 1 :])
+                key = (*structure[:gi], tuple(map(tuple, runs)), *structure[gi + 1 :])
+                if key in seen:
+                    continue
+                seen.add(key)
                 new = copy.deepcopy(plan)
-                ng = new.stage(stage).groups()[gi]
-                ng.merged = [*ng.merged[:mi], *([keep] if keep else []), *ng.merged[mi + 1 :]]
-                key = tuple(tuple(map(tuple, x.merged)) for x in new.stage(stage).groups())
-                if key not in seen:
-                    seen.add(key)
-                    out.append((new, words))
+                new.stage(stage).groups()[gi].merged = [list(r) for r in runs]
+                out.append((new, words))
     return out

@@ -684,21 +684,22 @@ def squeezed(plan: DeploymentPlan, spec: ModelSpec | None = None, *, device: Dev
     def bounds(b: _Built) -> set[str]:
         return {time_design(d).bound for d in b.designs} - {"ddr"}
 
-    slots = _slots(plan, spec, 2048)
+    slots = _slots(plan, spec, 2048)  # the context sizes attention only, which streams no weights
     if any(built.of(s) is None for s in slots):
         return []  # an illegal config: the fit repairs it before anything is squeezed
     total = _launch_seconds(slots, built)
     out = []
     for s in slots:
         got = built.of(s) if s.call.family in STREAMING_FAMILIES else None
-        if got is None or not bounds(got):
+        below = bounds(got) if got is not None else set()
+        if not below:
             continue
         alone = _fastest(s, built, device, _Rules())
         # as for a kick: a stream with less than KICK_MIN_SHARE of the pass to gain cannot pay for the refits
         if alone is None or (got.seconds - alone[0]) * s.per_token < KICK_MIN_SHARE * total:
             continue
         if not bounds(built.get(s.call.family, s.shape(alone[1]), alone[1])):
-            out.append(f"{s.call.op} ({'/'.join(sorted(bounds(got)))})")
+            out.append(f"{s.call.op} ({'/'.join(sorted(below))})")
     return out
 
 
