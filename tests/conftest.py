@@ -28,6 +28,10 @@ from filelock import FileLock
 
 from tilepilot.model.zoo import get_zoo_model, write_zoo_model
 
+# The suite already runs two xdist workers on a two-core machine: a search's own worker processes
+# (``tilepilot.parallel``) would only contend with them. Tests of the workers ask for them by ``jobs``.
+os.environ.setdefault("TILEPILOT_JOBS", "1")
+
 
 def _shared_root(tmp_path_factory) -> Path:
     """A directory every worker of this run sees: the workers' base temps' parent under xdist, else the base temp."""

@@ -16,7 +16,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tilepilot"
 
 # bottom to top; a unit in layer i may import units of layers <= i (its own layer only itself: see SAME_LAYER_OK)
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "files", "data"),
+    ("errors",),
+    ("files", "data", "parallel"),
     ("model",),
     ("oracle", "gates"),
     ("npu",),

@@ -216,3 +216,16 @@ def test_import_and_zoo_make_write_with_the_umask(tiny_gguf, tmp_path):
     for out in (tmp_path / "imported", direct, zoo):
         assert stat.S_IMODE(out.stat().st_mode) == 0o755
         assert _modes(out) == {0o755, 0o644}, out
+
+
+@pytest.mark.parametrize(
+    "jobs, env, words",
+    [("0", None, "--jobs must be at least 1"), (None, "many", "TILEPILOT_JOBS='many' is not a number")],
+)
+def test_a_bad_worker_count_is_refused_before_the_workspace_exists(tiny_dir, tmp_path, capsys, monkeypatch, jobs,
+                                                                    env, words):  # fmt: skip
+    if env is not None:
+        monkeypatch.setenv("TILEPILOT_JOBS", env)
+    out = tmp_path / "ws"
+    _refused(["deploy", str(tiny_dir), "--out", str(out), *(["--jobs", jobs] if jobs else [])], capsys, words)
+    assert not out.exists()

@@ -170,6 +170,11 @@ def test_the_structure_walk_takes_the_fastest_move_until_none_beats_the_best(smo
     again = search_structures(steps[-1][0], seconds[-1], fit)
     assert again == []  # the end of the walk is a local minimum
     assert search_structures(plan, start, fit, rounds=1) == steps[:1]
+    # a round's fits on two worker processes: the same steps (the fitted plans come back as copies)
+    on_two = search_structures(plan, start, fit, rounds=5, jobs=2)
+    assert [(s[0].decode.block[0].merged, s[1].decode.block[0].merged, s[2], s[3]) for s in on_two] == [
+        (s[0].decode.block[0].merged, s[0].decode.block[0].merged, s[2], s[3]) for s in steps
+    ]
 
 
 def test_squeezed_names_the_streams_a_packing_left_below_the_ddr_rate(llama_1b):

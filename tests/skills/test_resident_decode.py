@@ -5,6 +5,7 @@ and the ``resident-decode`` skill kept by the decode phase's rules."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.validate import DesignError
+from tilepilot.parallel import fork_map
 from tilepilot.plan import air_q4
 from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
@@ -151,6 +153,28 @@ def test_a_pass_with_a_merged_rope_is_also_fitted_with_it_split(fresh_ctx):
     assert not any(m[0] == "q_proj" for g in props[2].plan.decode.block for m in g.merged)
     assert any(m[0] == "rope_q" for g in props[2].plan.decode.block for m in g.merged)
     assert all(p.plan.decode.resident for p in props)
+
+
+def test_the_fits_on_worker_processes_propose_what_one_process_proposes(fresh_ctx, monkeypatch):
+    """The skill fits its packing alternatives side by side (``Settings.jobs``, ``parallel.fork_map``): the
+    proposals, their words and every config are those of a fit in one process."""
+    from tilepilot.skills.optimize import decode
+
+    asked = []
+
+    def spy(fn, items, jobs=None):
+        asked.append(jobs)
+        return fork_map(fn, items, jobs)
+
+    monkeypatch.setattr(decode, "fork_map", spy)
+    ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(_fused(ctx.plan.model_spec())))
+    got = []
+    for jobs in (1, 2):
+        ctx.settings = replace(ctx.settings, jobs=jobs)
+        props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
+        got.append([(p.change, p.plan.to_json()) for p in props])
+    assert asked == [1, 2] and len(got[0]) == 3 and got[1] == got[0]
 
 
 def test_a_pass_with_merged_rope_and_bias_is_also_fitted_with_each_and_both_split(tiny_model):

@@ -20,6 +20,7 @@ from tilepilot.model.gguf import is_gguf_input, resolve_model_path
 from tilepilot.model.quant import DEFAULT_BF16_TENSORS, FORMATS, GGUF_BLOCK, WeightFormat
 from tilepilot.model.spec import load_spec
 from tilepilot.model.zoo import get_zoo_model
+from tilepilot.parallel import JOBS_ENV, MAX_DEFAULT_JOBS, default_jobs
 from tilepilot.plan.plan import describe_dispatches
 from tilepilot.runtime.timing import same_model_claims
 from tilepilot.runtime.workspace import load_workspace
@@ -96,6 +97,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "comma-separated projections kept in bf16 in a quantized deployment (of wq,wk,wv,wo,w_gate,w_up,w_down); "
             "the embedding and the LM head always stay bf16 (a GGUF's quantized embedding deploys as its "
             "dequantized values)"
+        ),
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            f"worker processes for the plan searches (the resident decode's fits run side by side; results do not "
+            f"depend on it). Default ${JOBS_ENV}, else the CPUs available, at most {MAX_DEFAULT_JOBS}; 1 = none"
         ),
     )
     p.add_argument(
@@ -210,6 +221,9 @@ def check_inputs(args) -> None:
     """Every check of the command line that needs no imported model, before anything is imported or written."""
     if args.tune_candidates is not None and args.tune_candidates < 1:
         raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError(f"--jobs must be at least 1 (1 = no worker processes), got {args.jobs}")
+    default_jobs()  # a malformed TILEPILOT_JOBS is refused here, before a model is imported
     weight_args(args)
     check_deploy_out(args.out, resume=args.resume, import_beside=is_gguf_input(args.model_dir))
 
@@ -247,7 +261,7 @@ def run(args) -> int:
 
     check_inputs(args)  # refuse bad values before a GGUF is imported or the workspace is created
     knowledge = args.knowledge if args.knowledge is not None else default_knowledge_dir()
-    settings = Settings(knowledge_dir=knowledge, try_bfp16=args.try_bfp16)
+    settings = Settings(knowledge_dir=knowledge, try_bfp16=args.try_bfp16, jobs=args.jobs)
     if args.tune_candidates is not None:
         settings = replace(settings, tune_max_candidates=args.tune_candidates)
     model_dir = _model_dir(args, err)

@@ -27,7 +27,7 @@ modeled times in order (each with its pipeline fill and drain); no design switch
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tilepilot.errors import InputError
@@ -92,9 +92,13 @@ class Occupancy:
         self._totals: dict[Tile, tuple[int, int, int, int]] = {}
 
     def merge(self, summary: Summary, tiles: set[Tile] | None = None) -> None:
-        for tile, (layouts, (s2mm, mm2s)) in summary.items():
-            if tiles is not None and tile not in tiles:
-                continue
+        if tiles is None:
+            items = summary.items()
+        elif len(tiles) < len(summary):  # a trial's few tiles: looked up, not every tile of the design scanned
+            items = ((t, summary[t]) for t in tiles if t in summary)
+        else:
+            items = ((t, v) for t, v in summary.items() if t in tiles)
+        for tile, (layouts, (s2mm, mm2s)) in items:
             have = self.layouts.setdefault(tile, {})
             self._totals.pop(tile, None)
             for key, claim in layouts.items():
@@ -143,7 +147,14 @@ class Occupancy:
         """The demand of ``summary``'s tiles were it merged in (numbers only; nothing is changed or copied): what a
         packing trial asks of every move it tries. Each tile's held totals are kept (``_totals``), so a trial adds
         only what its own layouts change."""
-        out: dict[Tile, TileUse] = {}
+        return dict(self._uses_with(summary))
+
+    def fits_with(self, summary: Summary, device: Device) -> bool:
+        """Whether every tile of ``summary`` keeps its budgets were it merged in: ``use_with`` judged tile by tile,
+        stopping at the first tile over (most moves a packing tries do not fit)."""
+        return all(within_budgets(device, {tile: use}) for tile, use in self._uses_with(summary))
+
+    def _uses_with(self, summary: Summary) -> Iterator[tuple[Tile, TileUse]]:
         for tile, (layouts, (s2mm, mm2s)) in summary.items():
             have = self.layouts.get(tile, {})
             memory, bds, locks, shim = self._totals_of(tile)
@@ -158,8 +169,7 @@ class Occupancy:
                     m, p = was
                     memory, bds, locks = memory - m * p.memory, bds - m * p.bds, locks - m * p.locks
             c = self.channels.get(tile, (0, 0))
-            out[tile] = TileUse(memory=memory, s2mm=max(c[0], s2mm), mm2s=max(c[1], mm2s), bds=bds + shim, locks=locks)
-        return out
+            yield tile, TileUse(memory=memory, s2mm=max(c[0], s2mm), mm2s=max(c[1], mm2s), bds=bds + shim, locks=locks)
 
     def _totals_of(self, tile: Tile) -> tuple[int, int, int, int]:
         """(memory, BDs, locks, shim BDs) the tile holds now: ``use_of``'s numbers, remembered until a merge."""
@@ -271,7 +281,7 @@ def _pack_distinct(
         d = ds[i] if ds[i].is_placed() else placer.place(ds[i])
         move = (0, 0)
         for m in _moves(d):
-            if within_budgets(device, occ.use_with(summary_of(d, m))):
+            if occ.fits_with(summary_of(d, m), device):
                 move = m
                 break
         occ.add(d, move)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from tilepilot.errors import ConfigError, TilepilotError
@@ -31,6 +32,7 @@ from tilepilot.npu.placer import SequentialPlacer
 from tilepilot.npu.resident import Occupancy, Packing, pack, summary_of, tiles_of, touches
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, tile_budgets, validate, validate_group
+from tilepilot.parallel import fork_map
 from tilepilot.plan.merge import split_moves
 from tilepilot.plan.plan import DeploymentPlan, KernelCall
 
@@ -47,7 +49,7 @@ class _Rules:
     keep: tuple[str, ...] = ()
     allowed: Callable[[str, dict[str, Any]], bool] | None = None
 
-    def refuses(self, slot: _Slot, config: dict[str, Any]) -> bool:
+    def refuses(self, slot: _Slot, config: Mapping[str, Any]) -> bool:
         cur = slot.call.config
         if any(k in cur and config.get(k) != cur[k] for k in self.keep):
             return True
@@ -128,9 +130,10 @@ class _Designs:
 
 
 @functools.lru_cache(maxsize=512)
-def _candidates(fam: str, shape: Any, device: Device) -> tuple:
-    """The family's first ``MAX_CANDIDATES`` candidate configs for a shape (its own ranking)."""
-    return tuple(family(fam).candidate_configs(shape, device)[:MAX_CANDIDATES])
+def _candidates(fam: str, shape: Any, device: Device) -> tuple[Mapping[str, Any], ...]:
+    """The family's first ``MAX_CANDIDATES`` candidate configs for a shape (its own ranking), each as a read-only
+    mapping: the search reads them tens of thousands of times, and whoever keeps one copies it (``dict(cd)``)."""
+    return tuple(MappingProxyType(asdict(c)) for c in family(fam).candidate_configs(shape, device)[:MAX_CANDIDATES])
 
 
 @functools.lru_cache(maxsize=2048)
@@ -174,8 +177,7 @@ def _spread_less(
     best = None
     for i in here:
         s, b = slots[i], current[i]
-        for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
-            cd = asdict(cfg)
+        for j, cd in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
             if keep.refuses(s, cd):
                 continue
             if tuple(sorted(cd.items())) in seen[i]:
@@ -185,7 +187,7 @@ def _spread_less(
                 continue
             cost = (got.seconds - b.seconds) * s.per_token
             if best is None or (cost, i, j) < (best[0], best[2], best[3]):
-                best = (cost, 0.0, i, j, [(i, cd)])
+                best = (cost, 0.0, i, j, [(i, dict(cd))])
     return best
 
 
@@ -425,13 +427,12 @@ def _fastest(
     """The slot's fastest legal candidate (modeled seconds, config) that the rules allow and ``accept`` takes; ties
     go to the family's own ranking."""
     best: tuple[float, dict[str, Any]] | None = None
-    for cfg in _candidates(s.call.family, s.shape(s.call.config), device):
-        cd = asdict(cfg)
+    for cd in _candidates(s.call.family, s.shape(s.call.config), device):
         if keep.refuses(s, cd):
             continue
         got = built.get(s.call.family, s.shape(cd), cd)
         if got is not None and accept(got) and (best is None or got.seconds < best[0]):
-            best = (got.seconds, cd)
+            best = (got.seconds, dict(cd))
     return best
 
 
@@ -477,8 +478,7 @@ def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: _
             continue
         lead = max(zip(group, now, strict=True), key=lambda sb: sb[1].seconds * sb[0].per_token)[0]
         best: tuple[float, dict[str, Any]] | None = None
-        for cfg in _candidates(fam, lead.shape(lead.call.config), device):
-            cd = asdict(cfg)
+        for cd in _candidates(fam, lead.shape(lead.call.config), device):
             total = 0.0
             for s in group:
                 if keep.refuses(s, cd):
@@ -489,7 +489,7 @@ def _one_per_family(slots: list[_Slot], built: _Designs, device: Device, keep: _
                 total += got.seconds * s.per_token
             else:
                 if best is None or total < best[0]:
-                    best = (total, cd)
+                    best = (total, dict(cd))
         if best is not None:
             for s in group:
                 s.call.config = dict(best[1])
@@ -531,8 +531,7 @@ def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep
             # cannot free a buffer the others still claim
             peers = [k for k in here if k != i and slots[k].call.family == s.call.family
                      and _shared_layouts(tile, current[i], current[k], packing)]  # fmt: skip
-            for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
-                cd = asdict(cfg)
+            for j, cd in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
                 change = []
                 for k in [i, *peers]:
                     sk = slots[k]
@@ -550,12 +549,15 @@ def _greedy(name: str, slots: list[_Slot], built: _Designs, device: Device, keep
         options.sort(key=lambda o: (o[0], o[1], o[2]))
         best: tuple[float, float, int, int, list[tuple[int, dict[str, Any]]]] | None = None
         placed_all = [(k, d, moves[id(d)]) for k, b in enumerate(current) for d in b.designs]
+        # the tile's own check reads only the designs on it (the others claim nothing there)
+        on_tile = [(k, d, m) for k, d, m in placed_all if tile in summary_of(d, m)]
         for cost, i, j, change in options:
             changed = {k for k, _, _ in change}
-            entries = [(d, m) for k, d, m in placed_all if k not in changed]
-            entries += [(d, move) for _, got, move in change for d in got.designs]
-            if _excess({tile}, Occupancy.of(entries, {tile}), device) >= now_tile:
+            new = [(d, move) for _, got, move in change for d in got.designs]
+            held = [(d, m) for k, d, m in on_tile if k not in changed]
+            if _excess({tile}, Occupancy.of(held + new, {tile}), device) >= now_tile:
                 continue
+            entries = [(d, m) for k, d, m in placed_all if k not in changed] + new
             region = {tile}
             for k, got, move in change:
                 region |= set().union(*(tiles_of(d, move) for d in got.designs))
@@ -604,8 +606,7 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
         for i, s in enumerate(slots):
             twins = tuple(k for k, t in enumerate(slots) if t.call.family == s.call.family
                           and t.call.config == s.call.config)  # fmt: skip
-            for j, cfg in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
-                cd = asdict(cfg)
+            for j, cd in enumerate(_candidates(s.call.family, s.shape(s.call.config), device)):
                 for group in sorted({(i,), twins}, key=len):
                     key = (group, tuple(sorted(cd.items())))
                     gain = 0.0 if key in options else _gain(group, cd, slots, current, built, keep)
@@ -631,7 +632,7 @@ def _improve(slots: list[_Slot], built: _Designs, device: Device, keep: _Rules) 
             current, tiles = trial, tiles + more
             changed |= set(group)
             for k in group:
-                notes.append(f"{slots[k].call.op}: {slots[k].call.family} config {slots[k].call.config} -> {cd}")
+                notes.append(f"{slots[k].call.op}: {slots[k].call.family} config {slots[k].call.config} -> {dict(cd)}")
                 slots[k].call.config = dict(cd)
             notes[-1] += f" (improvement: {-saved * 1e6:+.2f} us/token modeled)"
         if not changed:
@@ -710,6 +711,7 @@ def search_structures(
     *,
     stage: str = "decode",
     rounds: int = STRUCTURE_ROUNDS,
+    jobs: int | None = 1,
 ) -> list[tuple[DeploymentPlan, DeploymentPlan, float, str]]:
     """A walk over the structures of ``base`` (an unfitted pass whose resident fit takes ``seconds`` per token): each
     round fits every one-unit move of the best structure so far (``plan.merge.split_moves``: a fold taken out, a
@@ -717,12 +719,14 @@ def search_structures(
     and moves to the fastest when it beats the best; it stops when none does or after ``rounds``. Returns every step
     taken as (structure, its resident fit, seconds, what was undone): ties go to the first move, so the walk is a
     function of the plan. A packing is a heuristic search over shared L1, so one unit can change the fit of
-    launches far from it; the walk spends fits only where the caller found the best fit squeezed."""
+    launches far from it; the walk spends fits only where the caller found the best fit squeezed. A round's fits
+    are independent: ``jobs`` worker processes fit them side by side (``parallel.fork_map``; None = the machine's
+    default), which changes no result."""
     steps = []
     for _ in range(rounds):
+        moves = split_moves(base, stage)
         tried = []
-        for alt, words in split_moves(base, stage):
-            got = fit(alt)
+        for (alt, words), got in zip(moves, fork_map(fit, [alt for alt, _ in moves], jobs), strict=True):
             if got is not None:
                 tried.append((got[1], alt, got[0], words))
         better = [t for t in tried if t[0] < seconds]

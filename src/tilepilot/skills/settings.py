@@ -48,3 +48,6 @@ class Settings:
     # The weight format to deploy (model/quant.WeightFormat); None: bf16 for a new workspace, the recorded format
     # when resuming one. ``deployment.json`` records it under "weights" (skills/weights.py).
     weights: WeightFormat | None = None
+    # Worker processes for a search's independent fits (``parallel.fork_map``); None: ``parallel.default_jobs()``
+    # (TILEPILOT_JOBS, else the CPUs available). No result depends on it, only the wall-clock time of a deploy.
+    jobs: int | None = None

@@ -52,6 +52,7 @@ from dataclasses import asdict
 from tilepilot.harness.probes import group_checks
 from tilepilot.kernels.tuning import tune
 from tilepilot.npu.validate import DesignError
+from tilepilot.parallel import fork_map
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
 from tilepilot.plan.merge import (
     gated_stage,
@@ -309,15 +310,26 @@ class ResidentDecode(PlanOptimization):
             base = fused_stage(ctx.plan, stage)
             base.stage(stage).kv_windows = window_ladder(max(base.stage(stage).kv_windows))
         fused = "" if st.one_dispatch else " (from per-group dispatches, windowed KV readback)"
-        # the pass as it is, then with its merged RoPE and/or bias launches split (``plan.merge.packing_alternatives``):
-        # each is kept only when faster than the plan of the moment, so a split wins only where it packs better
-        fits = []
-        for n, (alt, how) in enumerate(packing_alternatives(base, stage)):
+        # the pass as it is, then with merged runs or folds of a kind split (``plan.merge.packing_alternatives``:
+        # RoPE, bias adds, the folds, the multi-matrix GEMVs): each is kept only when faster than the plan of the
+        # moment, so a split wins only where it packs better. The fits are independent: they run side by side
+        # (``ctx.settings.jobs`` worker processes), which changes no result.
+        prompt_len = ctx.settings.gate_prompt_len
+
+        def fit_or_why(alt):
             try:
-                new, changes = _fit_with_bindings(alt, stage, ctx.settings.gate_prompt_len)
+                return _fit_with_bindings(alt, stage, prompt_len)
             except DesignError as e:
-                ctx.workspace.journal.progress(f"resident-decode: the decode pass{how} cannot be packed ({e})")
+                return str(e)
+
+        alternatives = packing_alternatives(base, stage)
+        fits = []
+        got = fork_map(fit_or_why, [alt for alt, _ in alternatives], ctx.settings.jobs)
+        for n, ((alt, how), fitted) in enumerate(zip(alternatives, got, strict=True)):
+            if isinstance(fitted, str):
+                ctx.workspace.journal.progress(f"resident-decode: the decode pass{how} cannot be packed ({fitted})")
                 continue
+            new, changes = fitted
             fits.append((ctx.timing(new).decode_s_per_token, n, new, alt))
             said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
             yield Proposal(new, f"{stage}: one resident dispatch{how}, every launch packed into the array{fused}{said}")
@@ -331,13 +343,13 @@ class ResidentDecode(PlanOptimization):
 
         def fit(p):
             try:
-                got = _fit_with_bindings(p, stage, ctx.settings.gate_prompt_len)[0]
+                got = _fit_with_bindings(p, stage, prompt_len)[0]
             except DesignError:
                 return None
             return got, ctx.timing(got).decode_s_per_token
 
         ctx.workspace.journal.progress(f"resident-decode: {', '.join(tight)} below the DDR rate; walking the structure")
-        steps = search_structures(start, seconds, fit, stage=stage)
+        steps = search_structures(start, seconds, fit, stage=stage, jobs=ctx.settings.jobs)
         if not steps:
             ctx.workspace.journal.progress("resident-decode: no structure one merged run or fold less packs faster")
         else:

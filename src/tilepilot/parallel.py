@@ -1,0 +1,81 @@
+"""Independent pieces of one search run in forked worker processes (``fork_map``).
+
+A deployment's longest step is the resident decode's search: it fits the decode pass in several structures, each fit
+a deterministic function of its plan that takes seconds to a minute of one core. The fits are independent, so they
+can run side by side on the machine's cores. Forked workers inherit the function (usually a closure over a
+deployment's context) and the items as they are, with every cache already warm; only results travel back, pickled.
+Results come back in the items' order, so a search that takes the first best of them is the same search on one
+process or on many: the number of workers changes wall-clock time, never a result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
+
+from tilepilot.errors import InputError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Environment variable that sets the default number of worker processes (1 = everything in this process).
+JOBS_ENV = "TILEPILOT_JOBS"
+# The default never takes more workers than this, however many CPUs the machine has: each worker is a copy-on-write
+# fork of a deployment process that may hold a few GiB, and a search rarely has more independent fits than this.
+MAX_DEFAULT_JOBS = 8
+
+# What the forked workers run: set by ``fork_map`` just before the pool forks, read by ``_run`` in the child.
+_WORK: tuple[Callable[[Any], Any], list[Any]] | None = None
+# True inside a worker: a map there runs in the worker itself (no pool inside a pool).
+_IN_WORKER = False
+
+
+def default_jobs() -> int:
+    """Worker processes a search may use: ``TILEPILOT_JOBS`` when set, else the CPUs this process may run on, at
+    most ``MAX_DEFAULT_JOBS``."""
+    raw = os.environ.get(JOBS_ENV)
+    if raw is not None and raw.strip():
+        try:
+            jobs = int(raw)
+        except ValueError:
+            jobs = 0
+        if jobs < 1:
+            raise InputError(f"{JOBS_ENV}={raw!r} is not a number of worker processes; set it to 1 or more.")
+        return jobs
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_DEFAULT_JOBS, cpus))
+
+
+def _run(i: int) -> tuple[bool, Any]:
+    global _IN_WORKER
+    _IN_WORKER = True
+    assert _WORK is not None
+    fn, items = _WORK
+    try:
+        return True, fn(items[i])
+    except Exception:  # the parent runs this item again, so the error is raised where the caller can catch it
+        return False, None
+
+
+def fork_map(fn: Callable[[T], R], items: Iterable[T], jobs: int | None = None) -> list[R]:
+    """``[fn(x) for x in items]``, computed by up to ``jobs`` forked workers (None: ``default_jobs()``) and returned
+    in the items' order. ``fn`` must be deterministic and leave nothing behind that the caller reads (a worker's
+    side effects die with it); its results must pickle. An item whose call raises in a worker is run again here, so
+    the caller sees the real exception. Where fork is not available, or with one job or one item, it is a plain
+    map in this process."""
+    todo = list(items)
+    n = default_jobs() if jobs is None else jobs
+    if n <= 1 or len(todo) <= 1 or _IN_WORKER or "fork" not in multiprocessing.get_all_start_methods():
+        return [fn(x) for x in todo]
+    global _WORK
+    _WORK = (fn, todo)
+    try:
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=min(n, len(todo)), mp_context=ctx) as pool:
+            got = list(pool.map(_run, range(len(todo))))
+    finally:
+        _WORK = None
+    return [r if ok else fn(todo[i]) for i, (ok, r) in enumerate(got)]
