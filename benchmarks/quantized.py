@@ -46,6 +46,7 @@ from tilepilot.model.zoo import get_zoo_model, zoo_names
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.validate import DesignError
 from tilepilot.oracle.model import Oracle
+from tilepilot.parallel import fork_map
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
 from tilepilot.plan.merge import (
@@ -166,8 +167,10 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     keeps the fastest, and when that fit leaves a weight stream below the DDR rate (``plan.resident.squeezed``)
     walks from it one unit at a time (``plan.resident.search_structures``)."""
     fits = []
-    for n, (alt, _) in enumerate(packing_alternatives(plan)):  # also with merged RoPE / bias / GEMV runs split
-        got = fit_timed(alt, spec, label)
+    alternatives = [alt for alt, _ in packing_alternatives(plan)]  # also with merged RoPE / bias / GEMV runs split
+    # independent fits on worker processes (TILEPILOT_JOBS, else the CPUs): the results of one process, in order
+    got_all = fork_map(lambda a: fit_timed(a, spec, label), alternatives)
+    for n, (alt, got) in enumerate(zip(alternatives, got_all, strict=True)):
         if got is not None:
             fits.append((got[1], n, got[0], alt))
     if not fits:
@@ -176,7 +179,7 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     seconds, _, resident, base = min(fits, key=lambda f: (f[0], f[1]))  # ties to the pass as it is
     tight = squeezed(resident, spec)
     if tight:
-        steps = search_structures(base, seconds, lambda p: fit_timed(p, spec, label))
+        steps = search_structures(base, seconds, lambda p: fit_timed(p, spec, label), jobs=None)
         for _, _, s, words in steps:
             print(f"{spec.name} {label}: {', '.join(tight)} squeezed; {words}: {1 / s:.2f} tok/s", file=sys.stderr)
         if not steps:
