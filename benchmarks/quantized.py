@@ -169,17 +169,17 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     fits = []
     alternatives = [alt for alt, _ in packing_alternatives(plan)]  # also with merged RoPE / bias / GEMV runs split
     # independent fits on worker processes (TILEPILOT_JOBS, else the CPUs): the results of one process, in order
-    got_all = fork_map(lambda a: fit_timed(a, spec, label), alternatives)
+    got_all = fork_map(lambda a: fitted(a, spec, label), alternatives)
     for n, (alt, got) in enumerate(zip(alternatives, got_all, strict=True)):
         if got is not None:
-            fits.append((got[1], n, got[0], alt))
+            fits.append((timed(got, spec), n, got, alt))
     if not fits:
         print(f"{spec.name} {label}: the switched pass is timed", file=sys.stderr)
         return plan
     seconds, _, resident, base = min(fits, key=lambda f: (f[0], f[1]))  # ties to the pass as it is
     tight = squeezed(resident, spec)
     if tight:
-        steps = search_structures(base, seconds, lambda p: fit_timed(p, spec, label), jobs=None)
+        steps = search_structures(base, seconds, lambda p: fitted(p, spec, label), lambda p: timed(p, spec), jobs=None)
         for _, _, s, words in steps:
             print(f"{spec.name} {label}: {', '.join(tight)} squeezed; {words}: {1 / s:.2f} tok/s", file=sys.stderr)
         if not steps:
@@ -189,14 +189,18 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     return resident
 
 
-def fit_timed(plan: DeploymentPlan, spec: ModelSpec, label: str) -> tuple[DeploymentPlan, float] | None:
-    """``plan``'s resident fit and its modeled decode seconds per token at the packing context, or None (said)."""
+def fitted(plan: DeploymentPlan, spec: ModelSpec, label: str) -> DeploymentPlan | None:
+    """``plan``'s resident fit, or None (said)."""
     try:
-        fitted = fit_resident(plan, spec)[0]
+        return fit_resident(plan, spec)[0]
     except DesignError as e:
         print(f"{spec.name} {label}: no resident packing ({e})", file=sys.stderr)
         return None
-    return fitted, time_plan(fitted, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
+
+
+def timed(plan: DeploymentPlan, spec: ModelSpec) -> float:
+    """The modeled decode seconds per token of a resident fit at the packing context."""
+    return time_plan(plan, spec, prompt_len=PACK_CONTEXT).decode_s_per_token
 
 
 def kv_ceiling(one: Any, bound_tok_s: float) -> float:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -68,3 +70,19 @@ def test_the_default_is_the_environments_or_the_cpus_at_most_the_cap(monkeypatch
         monkeypatch.setenv(parallel.JOBS_ENV, bad)
         with pytest.raises(InputError, match="TILEPILOT_JOBS"):
             default_jobs()
+
+
+def test_a_worker_computes_tensors_after_the_parent_has(tmp_path):
+    """A fork of a process whose PyTorch thread pool has run hangs at the child's first parallel tensor op unless the
+    worker drops to one thread (``_start_worker``). Run in a subprocess with a timeout: a regression hangs."""
+    script = tmp_path / "fork_torch.py"
+    script.write_text(
+        "import torch\n"
+        "from tilepilot.parallel import fork_map\n"
+        "a = torch.randn(512, 512)\n"
+        "(a @ a).sum()\n"
+        "print(fork_map(lambda x: float((a @ a).sum()) * 0 + x, [0, 1, 2], 2))\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0.0, 1.0, 2.0]"

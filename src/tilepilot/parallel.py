@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -49,9 +50,19 @@ def default_jobs() -> int:
     return max(1, min(MAX_DEFAULT_JOBS, cpus))
 
 
-def _run(i: int) -> tuple[bool, Any]:
+def _start_worker() -> None:
+    """A forked worker's first step. The parent's intra-op thread pool (PyTorch's OpenMP threads, started by any
+    tensor work it did) does not survive a fork: the child's first parallel region would wait for threads it does
+    not have, forever. One thread in the worker is what PyTorch's own DataLoader workers do; the searches run here
+    are plan-layer work and should not compute tensors at all (callers time their fits in their own process)."""
     global _IN_WORKER
     _IN_WORKER = True
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def _run(i: int) -> tuple[bool, Any]:
     assert _WORK is not None
     fn, items = _WORK
     try:
@@ -74,7 +85,7 @@ def fork_map(fn: Callable[[T], R], items: Iterable[T], jobs: int | None = None) 
     _WORK = (fn, todo)
     try:
         ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(n, len(todo)), mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=min(n, len(todo)), mp_context=ctx, initializer=_start_worker) as pool:
             got = list(pool.map(_run, range(len(todo))))
     finally:
         _WORK = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, replace
 
 from tilepilot.kernels.attention import keeps_kv_heads_whole
@@ -155,26 +156,32 @@ def test_the_structure_walk_takes_the_fastest_move_until_none_beats_the_best(smo
 
     def fit(p):
         runs = [m[0] for m in p.decode.block[0].merged]
-        if "o_proj" not in runs:
-            return None  # splitting O's fold does not pack
-        return p, sum(cost.get(r, 0.0) for r in runs) + 0.1 * sum(map(len, p.decode.block[0].merged))
+        return None if "o_proj" not in runs else p  # splitting O's fold does not pack
 
-    start = fit(plan)[1]
-    steps = search_structures(plan, start, fit, rounds=5)
+    timers = set()
+
+    def timed(p):
+        timers.add(os.getpid())
+        runs = [m[0] for m in p.decode.block[0].merged]
+        return sum(cost.get(r, 0.0) for r in runs) + 0.1 * sum(map(len, p.decode.block[0].merged))
+
+    start = timed(plan)
+    steps = search_structures(plan, start, fit, timed, rounds=5)
     assert [s[1] is s[0] for s in steps] == [True] * len(steps)
     seconds = [s[2] for s in steps]
     assert seconds == sorted(seconds, reverse=True) and seconds[0] < start
     final = [m[0] for m in steps[-1][0].decode.block[0].merged]
     assert "q_proj" not in final and "rope_q" not in final and "o_proj" in final
     assert "q_proj+k_proj+v_proj" in steps[0][3]  # the costliest run first
-    again = search_structures(steps[-1][0], seconds[-1], fit)
+    again = search_structures(steps[-1][0], seconds[-1], fit, timed)
     assert again == []  # the end of the walk is a local minimum
-    assert search_structures(plan, start, fit, rounds=1) == steps[:1]
-    # a round's fits on two worker processes: the same steps (the fitted plans come back as copies)
-    on_two = search_structures(plan, start, fit, rounds=5, jobs=2)
+    assert search_structures(plan, start, fit, timed, rounds=1) == steps[:1]
+    # a round's fits on two worker processes: the same steps (the fitted plans come back as copies), timed here
+    on_two = search_structures(plan, start, fit, timed, rounds=5, jobs=2)
     assert [(s[0].decode.block[0].merged, s[1].decode.block[0].merged, s[2], s[3]) for s in on_two] == [
         (s[0].decode.block[0].merged, s[0].decode.block[0].merged, s[2], s[3]) for s in steps
     ]
+    assert timers == {os.getpid()}
 
 
 def test_squeezed_names_the_streams_a_packing_left_below_the_ddr_rate(llama_1b):

@@ -222,9 +222,9 @@ def test_a_squeezed_packing_walks_the_structure_and_proposes_where_it_ends(fresh
     calls = []
     real = decode.search_structures
 
-    def walk(base, seconds, fit, **kw):
-        calls.append((base, seconds, real(base, seconds, fit, **kw)))
-        return calls[-1][2] or [(base, fit(base)[0], seconds / 2, "a unit as separate launches")]
+    def walk(base, seconds, fit, timed, **kw):
+        calls.append((base, seconds, real(base, seconds, fit, timed, **kw)))
+        return calls[-1][2] or [(base, fit(base), seconds / 2, "a unit as separate launches")]
 
     monkeypatch.setattr(decode, "squeezed", lambda plan: ["o_proj (compute)"])
     monkeypatch.setattr(decode, "search_structures", walk)

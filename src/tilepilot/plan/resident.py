@@ -707,7 +707,8 @@ def squeezed(plan: DeploymentPlan, spec: ModelSpec | None = None, *, device: Dev
 def search_structures(
     base: DeploymentPlan,
     seconds: float,
-    fit: Callable[[DeploymentPlan], tuple[DeploymentPlan, float] | None],
+    fit: Callable[[DeploymentPlan], DeploymentPlan | None],
+    timed: Callable[[DeploymentPlan], float],
     *,
     stage: str = "decode",
     rounds: int = STRUCTURE_ROUNDS,
@@ -715,20 +716,20 @@ def search_structures(
 ) -> list[tuple[DeploymentPlan, DeploymentPlan, float, str]]:
     """A walk over the structures of ``base`` (an unfitted pass whose resident fit takes ``seconds`` per token): each
     round fits every one-unit move of the best structure so far (``plan.merge.split_moves``: a fold taken out, a
-    merged run split; ``fit(plan)`` -> (the resident plan, its seconds per token) or None when it does not pack)
-    and moves to the fastest when it beats the best; it stops when none does or after ``rounds``. Returns every step
-    taken as (structure, its resident fit, seconds, what was undone): ties go to the first move, so the walk is a
-    function of the plan. A packing is a heuristic search over shared L1, so one unit can change the fit of
-    launches far from it; the walk spends fits only where the caller found the best fit squeezed. A round's fits
-    are independent: ``jobs`` worker processes fit them side by side (``parallel.fork_map``; None = the machine's
-    default), which changes no result."""
+    merged run split; ``fit(plan)`` -> the resident plan, or None when it does not pack; ``timed(fitted)`` -> its
+    seconds per token) and moves to the fastest when it beats the best; it stops when none does or after ``rounds``.
+    Returns every step taken as (structure, its resident fit, seconds, what was undone): ties go to the first move,
+    so the walk is a function of the plan. A packing is a heuristic search over shared L1, so one unit can change
+    the fit of launches far from it; the walk spends fits only where the caller found the best fit squeezed. A
+    round's fits are independent: ``jobs`` worker processes fit them side by side (``parallel.fork_map``; None =
+    the machine's default), which changes no result; the fits are timed here, in the caller's process."""
     steps = []
     for _ in range(rounds):
         moves = split_moves(base, stage)
         tried = []
         for (alt, words), got in zip(moves, fork_map(fit, [alt for alt, _ in moves], jobs), strict=True):
             if got is not None:
-                tried.append((got[1], alt, got[0], words))
+                tried.append((timed(got), alt, got, words))
         better = [t for t in tried if t[0] < seconds]
         if not better:
             break

@@ -342,14 +342,14 @@ class ResidentDecode(PlanOptimization):
             return
 
         def fit(p):
-            try:
-                got = _fit_with_bindings(p, stage, prompt_len)[0]
-            except DesignError:
-                return None
-            return got, ctx.timing(got).decode_s_per_token
+            got = fit_or_why(p)
+            return None if isinstance(got, str) else got[0]
+
+        def timed(p):
+            return ctx.timing(p).decode_s_per_token
 
         ctx.workspace.journal.progress(f"resident-decode: {', '.join(tight)} below the DDR rate; walking the structure")
-        steps = search_structures(start, seconds, fit, stage=stage, jobs=ctx.settings.jobs)
+        steps = search_structures(start, seconds, fit, timed, stage=stage, jobs=ctx.settings.jobs)
         if not steps:
             ctx.workspace.journal.progress("resident-decode: no structure one merged run or fold less packs faster")
         else:
