@@ -10,9 +10,13 @@ process or on many: the number of workers changes wall-clock time, never a resul
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -32,6 +36,9 @@ MAX_DEFAULT_JOBS = 8
 _WORK: tuple[Callable[[Any], Any], list[Any]] | None = None
 # True inside a worker: a map there runs in the worker itself (no pool inside a pool).
 _IN_WORKER = False
+# One map at a time per process (``_WORK`` is read when the workers fork); re-entrant for a map inside the re-run of
+# an item here.
+_ONE_MAP = threading.RLock()
 
 
 def default_jobs() -> int:
@@ -50,16 +57,30 @@ def default_jobs() -> int:
     return max(1, min(MAX_DEFAULT_JOBS, cpus))
 
 
-def _start_worker() -> None:
-    """A forked worker's first step. The parent's intra-op thread pool (PyTorch's OpenMP threads, started by any
-    tensor work it did) does not survive a fork: the child's first parallel region would wait for threads it does
-    not have, forever. One thread in the worker is what PyTorch's own DataLoader workers do; the searches run here
-    are plan-layer work and should not compute tensors at all (callers time their fits in their own process)."""
+def _start_worker(parent: int) -> None:
+    """A forked worker's first step: die with the parent, leave Ctrl-C to it, and run torch on one thread.
+
+    A worker of a parent killed from outside would otherwise wait on its task queue forever, a copy of a process
+    that may hold GiB (Linux's parent-death signal ends it). Ctrl-C reaches the whole terminal process group; the
+    parent ends the workers itself (``fork_map``). The parent's intra-op thread pool (PyTorch's OpenMP threads,
+    started by any tensor work it did) does not survive a fork: the child's first parallel region would wait for
+    threads it does not have, forever. One thread in the worker is what PyTorch's own DataLoader workers do."""
     global _IN_WORKER
     _IN_WORKER = True
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # no prctl here: the parent's own shutdown still ends the workers
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was set
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _run(i: int) -> tuple[bool, Any]:
@@ -74,19 +95,45 @@ def _run(i: int) -> tuple[bool, Any]:
 def fork_map(fn: Callable[[T], R], items: Iterable[T], jobs: int | None = None) -> list[R]:
     """``[fn(x) for x in items]``, computed by up to ``jobs`` forked workers (None: ``default_jobs()``) and returned
     in the items' order. ``fn`` must be deterministic and leave nothing behind that the caller reads (a worker's
-    side effects die with it); its results must pickle. An item whose call raises in a worker is run again here, so
-    the caller sees the real exception. Where fork is not available, or with one job or one item, it is a plain
-    map in this process."""
+    side effects die with it), and should compute no tensors (a worker runs torch on one thread, whose sums can
+    round differently). An item whose call raises in a worker, whose result does not pickle, or whose worker died,
+    is run again here, so the caller sees the real exception or the real result. Off Linux, with one job or one
+    item, or inside a worker, it is a plain map in this process. Ctrl-C ends the workers at once."""
     todo = list(items)
     n = default_jobs() if jobs is None else jobs
-    if n <= 1 or len(todo) <= 1 or _IN_WORKER or "fork" not in multiprocessing.get_all_start_methods():
+    if n <= 1 or len(todo) <= 1 or _IN_WORKER or not sys.platform.startswith("linux"):
         return [fn(x) for x in todo]
     global _WORK
-    _WORK = (fn, todo)
-    try:
-        ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(n, len(todo)), mp_context=ctx, initializer=_start_worker) as pool:
-            got = list(pool.map(_run, range(len(todo))))
-    finally:
-        _WORK = None
-    return [r if ok else fn(todo[i]) for i, (ok, r) in enumerate(got)]
+    with _ONE_MAP:
+        _WORK = (fn, todo)
+        pool = ProcessPoolExecutor(
+            max_workers=min(n, len(todo)),
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_start_worker,
+            initargs=(os.getpid(),),
+        )
+        try:
+            gc.freeze()  # the workers fork on the first submit: the collector then leaves the shared pages alone
+            try:
+                futures = [pool.submit(_run, i) for i in range(len(todo))]
+            finally:
+                gc.unfreeze()
+            out = []
+            for i, future in enumerate(futures):
+                try:
+                    ok, got = future.result()
+                except Exception:  # the pool broke (a worker killed) or the result did not pickle
+                    ok, got = False, None
+                out.append(got if ok else fn(todo[i]))
+        except BaseException:
+            # a fit already running would hold the exit for up to a minute: end the workers (the executor keeps
+            # them in ``_processes`` and forgets them on shutdown, so they are taken first)
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            for proc in procs:
+                proc.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            _WORK = None
+        pool.shutdown()
+    return out

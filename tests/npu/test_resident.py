@@ -85,6 +85,31 @@ def test_a_trial_demand_is_what_merging_the_design_in_would_hold():
         assert any(u.memory > 0 for u in asked.values())
 
 
+def test_a_move_fits_exactly_when_its_trial_demand_keeps_every_budget_and_a_subset_occupancy_is_its_tiles():
+    """``fits_with`` (the packer's question, tile by tile, first tile over ends it) answers what the whole trial
+    demand does; an occupancy of a few tiles (a repair's trial) holds exactly the full one's demand there."""
+    from tilepilot.npu.device import npu2
+    from tilepilot.npu.resident import Occupancy, summary_of
+    from tilepilot.npu.validate import within_budgets
+
+    dev = npu2()
+    held = [_add(8, 4096), _add(2, 1024)]
+    answers = set()
+    for chunk in (4096, 256):
+        trial = _add(2, chunk)
+        for move in ((0, 0), (2, 0), (4, 0)):
+            occ = Occupancy.of((d, (0, 0)) for d in held)
+            summary = summary_of(trial, move)
+            fits = occ.fits_with(summary, dev)
+            assert fits == within_budgets(dev, occ.use_with(summary))
+            answers.add(fits)
+    assert answers == {True, False}  # both answers are reached
+    full = Occupancy.of((d, (0, 0)) for d in held)
+    some = set(list(full.layouts)[:3])
+    part = Occupancy.of(((d, (0, 0)) for d in held), some)
+    assert set(part.layouts) == some and part.use(some) == full.use(some)
+
+
 def test_a_packing_trial_and_the_validator_agree_on_every_budget():
     from tilepilot.npu.device import npu2
     from tilepilot.npu.resources import TileUse

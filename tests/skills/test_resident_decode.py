@@ -156,17 +156,24 @@ def test_a_pass_with_a_merged_rope_is_also_fitted_with_it_split(fresh_ctx):
 
 
 def test_the_fits_on_worker_processes_propose_what_one_process_proposes(fresh_ctx, monkeypatch):
-    """The skill fits its packing alternatives side by side (``Settings.jobs``, ``parallel.fork_map``): the
-    proposals, their words and every config are those of a fit in one process."""
+    """The skill fits its packing alternatives and its walk's moves side by side (``Settings.jobs``,
+    ``parallel.fork_map``; the walk forced here by a ``squeezed`` that names a stream): the proposals, their words
+    and every config are those of fits in one process."""
+    from tilepilot.plan import resident
     from tilepilot.skills.optimize import decode
 
     asked = []
 
-    def spy(fn, items, jobs=None):
-        asked.append(jobs)
-        return fork_map(fn, items, jobs)
+    def spy(where):
+        def run(fn, items, jobs=None):
+            asked.append((where, jobs))
+            return fork_map(fn, items, jobs)
 
-    monkeypatch.setattr(decode, "fork_map", spy)
+        return run
+
+    monkeypatch.setattr(decode, "fork_map", spy("alternatives"))
+    monkeypatch.setattr(resident, "fork_map", spy("walk"))
+    monkeypatch.setattr(decode, "squeezed", lambda plan: ["o_proj (compute)"])
     ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
     ctx.save_plan(merged_stage(_fused(ctx.plan.model_spec())))
     got = []
@@ -174,7 +181,8 @@ def test_the_fits_on_worker_processes_propose_what_one_process_proposes(fresh_ct
         ctx.settings = replace(ctx.settings, jobs=jobs)
         props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
         got.append([(p.change, p.plan.to_json()) for p in props])
-    assert asked == [1, 2] and len(got[0]) == 3 and got[1] == got[0]
+    assert asked == [("alternatives", 1), ("walk", 1), ("alternatives", 2), ("walk", 2)]
+    assert len(got[0]) == 3 and got[1] == got[0]
 
 
 def test_a_pass_with_merged_rope_and_bias_is_also_fitted_with_each_and_both_split(tiny_model):

@@ -223,7 +223,8 @@ def check_inputs(args) -> None:
         raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
     if args.jobs is not None and args.jobs < 1:
         raise InputError(f"--jobs must be at least 1 (1 = no worker processes), got {args.jobs}")
-    default_jobs()  # a malformed TILEPILOT_JOBS is refused here, before a model is imported
+    if args.jobs is None:
+        default_jobs()  # a malformed TILEPILOT_JOBS is refused here, before a model is imported
     weight_args(args)
     check_deploy_out(args.out, resume=args.resume, import_beside=is_gguf_input(args.model_dir))
 
