@@ -193,3 +193,14 @@ def test_ctrl_c_ends_the_workers_at_once(tmp_path):
     )
     t = time.monotonic()
     assert int(_run_alone(script, 60)) < 10 and time.monotonic() - t < 20
+
+
+def test_the_default_takes_no_more_workers_than_memory_holds_copies_of_this_process(monkeypatch):
+    monkeypatch.setenv(parallel.JOBS_ENV, "4")
+    room = parallel.copies_memory_holds()
+    assert room is None or room >= 0  # read from /proc where there is one
+    monkeypatch.setattr(parallel, "copies_memory_holds", lambda: 0)  # no room for a copy: work here
+    assert fork_map(lambda x: os.getpid(), range(3)) == [os.getpid()] * 3
+    monkeypatch.setattr(parallel, "copies_memory_holds", lambda: 2)
+    assert len(set(fork_map(lambda x: (os.getpid(), __import__("time").sleep(0.2))[0], range(6)))) <= 2
+    assert os.getpid() not in fork_map(lambda x: os.getpid(), range(3), jobs=3)  # an explicit count is taken as is

@@ -57,6 +57,20 @@ def default_jobs() -> int:
     return max(1, min(MAX_DEFAULT_JOBS, cpus))
 
 
+def copies_memory_holds() -> int | None:
+    """How many more copies of this process the machine's available memory holds (None where it cannot be read).
+    A forked worker shares its parent's pages until it writes them, and Python's reference counts write to every
+    object it touches, so a worker is counted as a whole copy: a default that stays safe for a large model."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return available // max(resident, 1)
+
+
 def _start_worker(parent: int) -> None:
     """A forked worker's first step: die with the parent, leave Ctrl-C to it, and run torch on one thread.
 
@@ -93,14 +107,18 @@ def _run(i: int) -> tuple[bool, Any]:
 
 
 def fork_map(fn: Callable[[T], R], items: Iterable[T], jobs: int | None = None) -> list[R]:
-    """``[fn(x) for x in items]``, computed by up to ``jobs`` forked workers (None: ``default_jobs()``) and returned
-    in the items' order. ``fn`` must be deterministic and leave nothing behind that the caller reads (a worker's
-    side effects die with it), and should compute no tensors (a worker runs torch on one thread, whose sums can
-    round differently). An item whose call raises in a worker, whose result does not pickle, or whose worker died,
-    is run again here, so the caller sees the real exception or the real result. Off Linux, with one job or one
-    item, or inside a worker, it is a plain map in this process. Ctrl-C ends the workers at once."""
+    """``[fn(x) for x in items]``, computed by up to ``jobs`` forked workers and returned in the items' order (None:
+    ``default_jobs()``, capped by ``copies_memory_holds()``). ``fn`` must be deterministic and leave nothing behind
+    that the caller reads (a worker's side effects die with it), and should compute no tensors (a worker runs torch
+    on one thread, whose sums can round differently). An item whose call raises in a worker, whose result does not
+    pickle, or whose worker died, is run again here, so the caller sees the real exception or the real result. Off
+    Linux, with one job or one item, or inside a worker, it is a plain map in this process. Ctrl-C ends the workers
+    at once."""
     todo = list(items)
-    n = default_jobs() if jobs is None else jobs
+    n = jobs
+    if n is None:  # the default also stays within the memory the machine has for copies of this process
+        n, room = default_jobs(), copies_memory_holds()
+        n = n if room is None else max(1, min(n, room))
     if n <= 1 or len(todo) <= 1 or _IN_WORKER or not sys.platform.startswith("linux"):
         return [fn(x) for x in todo]
     global _WORK

@@ -106,7 +106,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="N",
         help=(
             f"worker processes for the plan searches (the resident decode's fits run side by side; results do not "
-            f"depend on it). Default ${JOBS_ENV}, else the CPUs available, at most {MAX_DEFAULT_JOBS}; 1 = none"
+            f"depend on it). Default ${JOBS_ENV}, else the CPUs available, at most {MAX_DEFAULT_JOBS} and as many "
+            "as the free memory holds copies of the deploy process; 1 = none"
         ),
     )
     p.add_argument(
