@@ -71,6 +71,9 @@ def copies_memory_holds() -> int | None:
     return available // max(resident, 1)
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def _start_worker(parent: int) -> None:
     """A forked worker's first step: die with the parent, leave Ctrl-C to it, and run torch on one thread.
 
@@ -92,9 +95,6 @@ def _start_worker(parent: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
-
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _run(i: int) -> tuple[bool, Any]:

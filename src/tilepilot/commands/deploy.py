@@ -222,10 +222,10 @@ def check_inputs(args) -> None:
     """Every check of the command line that needs no imported model, before anything is imported or written."""
     if args.tune_candidates is not None and args.tune_candidates < 1:
         raise InputError(f"--tune-candidates must be at least 1, got {args.tune_candidates}")
-    if args.jobs is not None and args.jobs < 1:
-        raise InputError(f"--jobs must be at least 1 (1 = no worker processes), got {args.jobs}")
     if args.jobs is None:
         default_jobs()  # a malformed TILEPILOT_JOBS is refused here, before a model is imported
+    elif args.jobs < 1:
+        raise InputError(f"--jobs must be at least 1 (1 = no worker processes), got {args.jobs}")
     weight_args(args)
     check_deploy_out(args.out, resume=args.resume, import_beside=is_gguf_input(args.model_dir))
 
