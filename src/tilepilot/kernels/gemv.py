@@ -32,13 +32,15 @@ the other for calibration.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from math import prod
 from typing import Any
 
 import torch
 
-from tilepilot.kernels import rmsnorm
+from tilepilot.kernels import rmsnorm, swiglu
 from tilepilot.kernels.rmsnorm import normalize_rows
+from tilepilot.kernels.swiglu import silu_mul
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import (
     Acquire,
@@ -70,6 +72,7 @@ from tilepilot.npu.validate import (
     tap_problems,
 )
 from tilepilot.oracle.ops import linear
+from tilepilot.oracle.ops import rmsnorm as rms_reference
 
 FAMILY = "gemv"
 VARIANTS = ("vector", "scalar", "bfp16")
@@ -90,12 +93,17 @@ ACCUMULATORS = (*nx.ACCUMULATORS, SERIAL_BF16)
 @dataclass(frozen=True)
 class Shape:
     """``parts``: a multi-matrix launch (matrices reading the same x, e.g. Q/K/V), each matrix's output rows, summing
-    to ``n``; empty = one matrix (tensors ``w``/``y``; with parts ``w0``.. / ``y0``..)."""
+    to ``n``; empty = one matrix (tensors ``w``/``y``; with parts ``w0``.. / ``y0``..). ``norm_eps``, ``residual``,
+    ``gated``: an RMSNorm prologue, a residual-add or SwiGLU epilogue folded into the launch, as the quantized GEMV's
+    (``kernels/qgemv.py``; the same dataflow, the same helpers below, so a bf16 decode saves the same launches)."""
 
     n: int  # output features (rows of W in Hugging Face [out, in] layout)
     k: int  # input features
     m: int = 1  # tokens
     parts: tuple[int, ...] = ()
+    norm_eps: float | None = None
+    residual: bool = False
+    gated: bool = False
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
@@ -145,11 +153,21 @@ def _err(message: str) -> DesignError:
 
 
 def l1_bytes(shape: Shape, config: Config) -> int:
-    """Compute-tile memory one worker needs: W chunk x depth, x chunk and y block double-buffered, fp32 acc, stack."""
+    """Compute-tile memory one worker needs: W chunk x depth, x chunk and y block double-buffered, fp32 acc, stack;
+    a resident x with what rides in it, the normed copy of a prologue and the gate rows a gated launch keeps."""
     tm, tk, m = config.tile_m, config.tile_k, shape.m
     acc = 4 * m * tm if config.acc == "fp32" else 0
-    x = m * shape.k if config.x_rides else 2 * m * tk  # resident whole x, or a double-buffered chunk
-    return 2 * (config.depth * tm * tk + x + 2 * m * tm) + acc + CORE_STACK_BYTES
+    x = prod(x_object(shape)) if config.x_rides else 2 * m * tk  # resident whole x (+ g, r), or a double-buffered chunk
+    return 2 * (config.depth * tm * tk + x + 2 * m * tm) + acc + _fold_local_bytes(shape, config) + CORE_STACK_BYTES
+
+
+def _fold_local_bytes(shape: Shape, config: Config) -> int:
+    """L1 the folds add to a worker's scratch: the normed x of a prologue, the kept gate rows of a gated launch."""
+    return prenorm_local_bytes(shape) + 2 * shape.m * config.tile_m * gate_blocks(shape, rows_per_iteration(config))
+
+
+def rows_per_iteration(config: Config) -> int:
+    return config.tiling().rows_per_iteration()
 
 
 def rows_per_worker(shape: Shape, config: Config) -> int:
@@ -171,11 +189,31 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"config {config} has a non-positive tile size or depth")
     check_feed(config.weight_channels, config.x_rides, config.cols, config.rows, config.tile_m, device, _err)
     check_parts(shape, config.cols * config.rows * config.tile_m, _err)
+    check_folds(shape, config.x_rides, _err)
+    if folds(shape) and config.acc != "fp32":
+        raise _err("a launch with a folded op accumulates in fp32 (acc='fp32'): its epilogue reads the finished rows")
     if shape.k % config.tile_k or config.tile_k % K_GRANULE:
         raise _err(
             f"K={shape.k} is not a whole number of {config.tile_k}-element chunks, or the chunk is not a multiple "
             f"of {K_GRANULE}; pick a chunk that divides K"
         )
+
+
+def folds(shape: Any) -> bool:
+    """Whether the launch needs a resident x: something rides in it (a prologue's norm weight, an epilogue's
+    residual), or its workers keep state across blocks (a gated launch's gate rows)."""
+    return prenormed(shape) or with_residual(shape) or gated(shape)
+
+
+def check_folds(shape: Any, x_rides: bool, err: Callable[[str], DesignError]) -> None:
+    """The rules of the ops a matrix-vector launch may fold (gemv and qgemv alike): each needs a resident x; a SwiGLU
+    gates the second of two equal matrices and takes no residual; a residual adds to one matrix's outputs."""
+    if folds(shape) and not x_rides:
+        raise err("an RMSNorm prologue or a residual or SwiGLU epilogue needs a resident x: x_rides (2 channels)")
+    if gated(shape) and (len(shape.parts) != 2 or shape.parts[0] != shape.parts[1] or with_residual(shape)):
+        raise err("a SwiGLU epilogue gates the second of two equal matrices (gate, up) and takes no residual")
+    if with_residual(shape) and shape.parts:
+        raise err("a residual epilogue adds to one matrix's outputs; a multi-matrix launch cannot take one")
 
 
 def x_must_ride(cols: int, channels: int, device: Device) -> bool:
@@ -243,9 +281,16 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     operands = "bfp16" if config.variant == "bfp16" else "bf16"
 
     def matvec_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        w, x = ins
+        w, x = ins[:2]
+        x = x_chunk(resident_x(x, shape, ctx), tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
+        if folds(shape):  # fp32 accumulation (_check), then the epilogue on the finished rows
+            if ctx.first:
+                ctx.scratch["acc"] = torch.zeros((m, tm), dtype=torch.float32)
+            ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, operands), "fp32")
+            if ctx.last:
+                epilogue(nx.finish(ctx.scratch["acc"], "bf16"), ins, outs, ctx, shape, quiet)
+            return
         (y,) = outs
-        x = x_chunk(x, tk, ctx.step)  # a resident x is read chunk by chunk (Tiling.x_rides)
         if config.acc == SERIAL_BF16:
             y.copy_(_serial_sum(torch.zeros_like(y) if ctx.first else y, x, w, operands))
             return
@@ -262,15 +307,36 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
             y.copy_(nx.finish(ctx.scratch["acc"], "bf16"))
 
     tm, tk, m = config.tile_m, config.tile_k, shape.m
+    quiet = gate_blocks(shape, rows_per_iteration(config))
     suffix = {"bf16": "_bf16acc", SERIAL_BF16: "_bf16serial"}.get(config.acc, "")
     return TileKernel(
         name=f"matvec_{config.variant}_{tm}x{tk}{suffix}",
         fn=matvec_tile,
         variant=config.variant,
         macs_per_call=m * tm * tk,
+        vector_ops_per_call=epilogue_ops(shape, m * tm),
         bytes_per_call=2 * (tm * tk + m * tk) + (4 * m * tm if config.acc == "fp32" else 0),
-        params={"tile_m": tm, "tile_k": tk, "m": m},
+        params={"tile_m": tm, "tile_k": tk, "m": m, "k": shape.k, "n": shape.n, "normed": int(prenormed(shape))},
     )
+
+
+def epilogue(out: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Tensor], ctx, shape: Any, quiet: int) -> None:
+    """Write a finished (m, tile_m) block of a launch with folded ops (gemv and qgemv alike): a gated launch keeps a
+    gate block (it has no output object) until the up block of the same rows, then writes silu(gate) * up; a
+    residual launch adds its rows of the residual (``ins[2]``, riding in x: ``residual_rows``)."""
+    if gated(shape) and not outs:
+        ctx.scratch.setdefault("gate", {})[ctx.iteration] = out
+        return
+    if gated(shape):
+        out = silu_mul(ctx.scratch["gate"].pop(ctx.iteration - quiet), out, exact=True)
+    elif with_residual(shape):
+        out = add_residual(out, ins[2])
+    outs[0].copy_(out)
+
+
+def epilogue_ops(shape: Any, outputs: int) -> int:
+    """Vector ops of a call's epilogue on its ``outputs`` elements, charged every call (an upper bound)."""
+    return outputs * (swiglu.OPS_PER_ELEMENT if gated(shape) else int(with_residual(shape)))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -660,14 +726,16 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     m, n, k = shape.m, shape.n, shape.k
     stream = WeightStream("bf16", k, config.tile_k)
     tiling = config.tiling()
-    local = 4 * m * config.tile_m if config.acc == "fp32" else 0
+    local = (4 * m * config.tile_m if config.acc == "fp32" else 0) + _fold_local_bytes(shape, config)
     kernel = _kernel(shape, config)
     fifos, links, workers, rt = matvec_dataflow(
         shape, tiling, stream, lambda tm: kernel, "mv", lambda tm: local, device
     )
     inputs, outputs = matvec_tensors(shape, stream)
+    numerics = _numerics(config)
+    points, tail = fold_points(shape)
     design = Design(
-        name=f"gemv_{n}x{k}_m{m}{parts_suffix(shape)}",
+        name=f"gemv_{n}x{k}_m{m}{parts_suffix(shape)}{fold_suffix(shape)}",
         device=device,
         inputs=inputs,
         outputs=outputs,
@@ -675,7 +743,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         links=links,
         workers=workers,
         runtime=rt,
-        numerics=_numerics(config),
+        numerics=replace(numerics, rounding_points=(*points, *numerics.rounding_points, *tail)),
         fast=_fast(config, shape),
     )
     design.meta = {
@@ -688,7 +756,24 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         "ddr_write_bytes": design.ddr_write_bytes(),
         "weight_bytes": 2 * n * k,
     }
+    if prenormed(shape):
+        design.meta["prologue"] = prologue_meta(shape)
     return design
+
+
+def fold_points(shape: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The numerics points a launch's folds add before (prologue) and after (epilogues) its own."""
+    points = ("prologue:rmsnorm(fp32)->bf16",) if prenormed(shape) else ()
+    tail = ("epilogue:add(fp32)->bf16",) if with_residual(shape) else ()
+    tail += ("epilogue:silu*up(fp32)->bf16",) if gated(shape) else ()
+    return points, tail
+
+
+def fold_suffix(shape: Any) -> str:
+    """The design-name suffix of a launch's folds."""
+    return "".join(
+        tag for tag, on in (("_rms", prenormed(shape)), ("_res", with_residual(shape)), ("_glu", gated(shape))) if on
+    )
 
 
 def _fast(config: Config, shape: Shape | None = None):
@@ -702,16 +787,30 @@ def _fast(config: Config, shape: Shape | None = None):
         return nx.matmul(x, w, acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        return {y: one(inputs["x"], inputs[w], exact) for w, y in names}
+        s = shape or Shape(1, 1)
+        x = normalize_rows(inputs["x"], inputs["g"], s.norm_eps) if prenormed(s) else inputs["x"]
+        out = {y: one(x, inputs[w], exact) for w, y in names}
+        if with_residual(s):
+            out = {y: add_residual(v, inputs["r"]) for y, v in out.items()}
+        if gated(s):
+            return {"y": silu_mul(out["y0"], out["y1"], exact=exact)}
+        return out
 
     return fast
 
 
-def reference(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
     """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``); a multi-matrix
-    launch's inputs ``w0``.. give outputs ``y0``.."""
+    launch's inputs ``w0``.. give outputs ``y0``..; with folds (``shape``), of the FP32 RMSNorm of x
+    (``oracle.ops.rmsnorm``), plus the residual, or silu(gate) * up."""
+    shape = shape or Shape(1, 1)
+    x = rms_reference(inputs["x"], inputs["g"], shape.norm_eps) if prenormed(shape) else inputs["x"]
     weights = sorted(k for k in inputs if k == "w" or (k[:1] == "w" and k[1:].isdigit()))
-    return {"y" + w[1:]: linear(inputs["x"], inputs[w]) for w in weights}
+    r = inputs["r"].to(torch.float32) if with_residual(shape) else 0
+    out = {"y" + w[1:]: linear(x, inputs[w]) + r for w in weights}
+    if gated(shape):
+        return {"y": torch.nn.functional.silu(out["y0"]) * out["y1"]}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -757,7 +856,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                     for variant in ("vector", "bfp16", "scalar"):
                         for depth in (2, 1):
                             for ch in (1, 2):
-                                rides = x_must_ride(cols, ch, device)
+                                rides = x_must_ride(cols, ch, device) or (folds(shape) and ch == 2)
                                 cfg = Config(cols, rows, tm, tk, variant, depth, weight_channels=ch, x_rides=rides)
                                 if not fits(shape, cfg, device):
                                     continue
@@ -774,12 +873,14 @@ def default_config(shape: Shape, device: Device | None = None) -> Config:
     the tuner may find more (e.g. several rows per column).
     """
     device = device or npu2()
+    channels = 2 if folds(shape) else 1  # what rides in a resident x needs it, on a second channel
     for cols in (8, 4, 2, 1):
         if cols > device.columns:
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                cfg = Config(cols, 1, tm, tk, "vector", 2)
+                rides = folds(shape) or x_must_ride(cols, channels, device)
+                cfg = Config(cols, 1, tm, tk, "vector", 2, weight_channels=channels, x_rides=rides)
                 if fits(shape, cfg, device):
                     return cfg
     raise _err(f"no GEMV tiling fits {shape}; N must split into columns x an even block and K into 32-element chunks")

@@ -29,7 +29,6 @@ from math import prod
 
 import torch
 
-from tilepilot.kernels import swiglu
 from tilepilot.kernels.gemv import (
     K_GRANULE,
     MAX_TOKENS,
@@ -38,7 +37,13 @@ from tilepilot.kernels.gemv import (
     WeightStream,
     add_residual,
     check_feed,
+    check_folds,
     check_parts,
+    epilogue,
+    epilogue_ops,
+    fold_points,
+    fold_suffix,
+    folds,
     gate_blocks,
     gated,
     matvec_dataflow,
@@ -121,12 +126,6 @@ class Config:
         )
 
 
-def _rides(shape: Shape) -> bool:
-    """Whether the launch needs a resident x: something rides in it (a prologue's norm weight, an epilogue's
-    residual), or its workers keep state across blocks (a gated launch's gate rows)."""
-    return prenormed(shape) or with_residual(shape) or gated(shape)
-
-
 def _err(message: str) -> DesignError:
     return DesignError([Violation("SHAPE_NOT_TILING", None, message)], FAMILY)
 
@@ -169,12 +168,7 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.tile_m0 < 0:
         raise _err(f"tile_m0 {config.tile_m0} must be 0 (even split) or a row count")
     check_parts(shape, config.tiling().rows_per_iteration(), _err)
-    if _rides(shape) and not config.x_rides:
-        raise _err("an RMSNorm prologue or a residual or SwiGLU epilogue needs a resident x: x_rides (2 channels)")
-    if gated(shape) and (len(shape.parts) != 2 or shape.parts[0] != shape.parts[1] or with_residual(shape)):
-        raise _err("a SwiGLU epilogue gates the second of two equal matrices (gate, up) and takes no residual")
-    if with_residual(shape) and shape.parts:
-        raise _err("a residual epilogue adds to one matrix's outputs; a multi-matrix launch cannot take one")
+    check_folds(shape, config.x_rides, _err)
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -194,26 +188,16 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
         ctx.scratch["acc"] = nx.accumulate(ctx.scratch["acc"], nx.chunk_partial(x, w, "bf16"), "fp32")
         if not ctx.last:
             return
-        out = nx.finish(ctx.scratch["acc"], "bf16")
-        if gate and not outs:  # a gate block: kept until the up block of the same rows
-            ctx.scratch.setdefault("gate", {})[ctx.iteration] = out
-            return
-        if gate:
-            out = silu_mul(ctx.scratch["gate"].pop(ctx.iteration - quiet), out, exact=True)
-        elif res:
-            out = add_residual(out, ins[2])  # the residual's rows ride in x (residual_rows)
-        outs[0].copy_(out)
+        epilogue(nx.finish(ctx.scratch["acc"], "bf16"), ins, outs, ctx, shape, quiet)  # the folds' epilogue, if any
 
     tm, tk, m = tile_m or config.tile_m, config.tile_k, shape.m
-    res, gate = with_residual(shape), gated(shape)
     quiet = gate_blocks(shape, config.tiling().rows_per_iteration())
-    epilogue_ops = m * tm * (swiglu.OPS_PER_ELEMENT if gate else res)  # charged every call (an upper bound)
     return TileKernel(
         name=f"qmatvec_{fmt}_b{block}_{tm}x{tk}",
         fn=qmatvec_tile,
         variant="vector",
         macs_per_call=m * tm * tk,
-        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk + epilogue_ops,
+        vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk + epilogue_ops(shape, m * tm),
         bytes_per_call=tm * chunk_bytes(shape, tk) + 2 * m * tk + 4 * m * tm,
         params={
             "tile_m": tm,
@@ -247,12 +231,9 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         shape, config.tiling(), stream, kernels.__getitem__, "qmv", local, device
     )
     inputs, outputs = matvec_tensors(shape, stream)
-    points = ("prologue:rmsnorm(fp32)->bf16",) if prenormed(shape) else ()
-    tail = ("epilogue:add(fp32)->bf16",) if with_residual(shape) else ()
-    tail += ("epilogue:silu*up(fp32)->bf16",) if gated(shape) else ()
-    suffix = ("_rms" if points else "") + ("_res" if with_residual(shape) else "") + ("_glu" if gated(shape) else "")
+    points, tail = fold_points(shape)
     design = Design(
-        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}{suffix}",
+        name=f"qgemv_{shape.fmt}_b{shape.block}_{n}x{k}_m{m}{parts_suffix(shape)}{fold_suffix(shape)}",
         device=device,
         inputs=inputs,
         outputs=outputs,
@@ -328,7 +309,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
                 for tm in TILE_M_CHOICES:
                     for tk in ks:
                         for depth in (2, 1):
-                            rides = x_must_ride(cols, ch, device) or (_rides(shape) and ch == 2)
+                            rides = x_must_ride(cols, ch, device) or (folds(shape) and ch == 2)
                             cfg = Config(cols, tm, tk, depth, ch, shape.fmt, shape.block, rows, x_rides=rides)
                             if fits(shape, cfg, device):
                                 out.append(((depth != 2, -cols * rows * ch, -tm * tk, ch, rows), cfg))
@@ -368,14 +349,14 @@ def default_config(
     """The GEMV's default (8 columns, one row, biggest chunks that fit), one weight channel per column; ``cols``,
     ``channels`` and ``rows`` fix those choices (a plan may name them and leave the tiles to the default)."""
     device = device or npu2()
-    channels = 2 if _rides(shape) else channels  # what rides in a resident x needs it, on a second channel
+    channels = 2 if folds(shape) else channels  # what rides in a resident x needs it, on a second channel
     col_choices = (cols,) if cols else (8, 4, 2, 1)
     for c in col_choices:
         if c > device.columns:
             continue
         for tm in (16, 8, 4, 2):
             for tk in tile_k_choices(shape.k):
-                rides = x_must_ride(c, channels, device) or _rides(shape)
+                rides = x_must_ride(c, channels, device) or folds(shape)
                 cfg = Config(c, tm, tk, 2, channels, shape.fmt, shape.block, rows, x_rides=rides)
                 if fits(shape, cfg, device):
                     return cfg

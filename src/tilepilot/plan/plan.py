@@ -73,7 +73,7 @@ MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bia
 # GEMV families whose launch may also serve small ops next to it (``kernels.bind.FoldedLinear``): the RMSNorm its ops
 # read (``[q_proj, k_proj, v_proj, attn_norm]``: every worker normalizes x first), the residual add of its output
 # (``[o_proj, resid1]``) or the SwiGLU of its two outputs (``[gate_proj, up_proj, ffn_norm, swiglu]``)
-FOLD_FAMILIES = ("qgemv",)
+FOLD_FAMILIES = ("qgemv", "gemv")
 
 
 @dataclass

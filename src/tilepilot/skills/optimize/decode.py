@@ -21,17 +21,17 @@ skips the masked ones); AIR then built a template per window so the readback mat
   multi-matrix GEMV launch each, bf16 or quantized, and Q's and K's RoPE as one launch (``plan.merge.merged_stage``):
   one design switch (and one x or table stream) instead of several, bit-identical outputs.
 
-- ``rmsnorm-prologue``: an RMSNorm that only quantized GEMVs read runs inside their launch, every worker normalizing
-  its resident x before the first call (``plan.merge.normed_stage``, ``kernels.bind.FoldedLinear``): one launch
-  fewer per norm, bit-identical outputs.
+- ``rmsnorm-prologue``: an RMSNorm that only GEMVs (bf16 or quantized) read runs inside their launch, every worker
+  normalizing its resident x before the first call (``plan.merge.normed_stage``, ``kernels.bind.FoldedLinear``):
+  one launch fewer per norm, bit-identical outputs.
 
-- ``residual-epilogue``: a residual add of a quantized GEMV's output runs inside that launch, every worker adding
-  its rows of the residual (riding in its resident x) before writing them (``plan.merge.residual_stage``,
+- ``residual-epilogue``: a residual add of a GEMV's output (bf16 or quantized) runs inside that launch, every worker
+  adding its rows of the residual (riding in its resident x) before writing them (``plan.merge.residual_stage``,
   ``kernels.bind.FoldedLinear``): one launch fewer per add, bit-identical outputs.
 
-- ``swiglu-epilogue``: the SwiGLU of a quantized gate/up launch's outputs runs inside it, every worker keeping its
-  gate rows until its up rows are done and writing silu(gate) * up (``plan.merge.gated_stage``): one launch fewer
-  per layer, half the launch's output bytes, bit-identical outputs.
+- ``swiglu-epilogue``: the SwiGLU of a gate/up GEMV launch's outputs (bf16 or quantized) runs inside it, every
+  worker keeping its gate rows until its up rows are done and writing silu(gate) * up (``plan.merge.gated_stage``):
+  one launch fewer per layer, half the launch's output bytes, bit-identical outputs.
 
 - ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
   module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
@@ -159,9 +159,10 @@ class MultiMatrixLaunches(PlanOptimization):
 
 
 class _FoldIntoLaunch(PlanOptimization):
-    """A small op run inside the launch next to it (a quantized GEMV's, or RoPE's: ``plan.merge._folded_stage``),
-    each fused launch at the tile tuner's best config for its shape; ``fold`` is the plan function that finds and
-    makes the runs, ``what`` the folded op's part of the launch and ``into`` which launch it is."""
+    """A small op run inside the launch next to it (a GEMV's, bf16 or quantized, or RoPE's:
+    ``plan.merge._folded_stage``), each fused launch at the tile tuner's best config for its shape; ``fold`` is the
+    plan function that finds and makes the runs, ``what`` the folded op's part of the launch and ``into`` which
+    launch it is."""
 
     abstract = True
     stages = ("decode",)
@@ -195,9 +196,9 @@ def _runs(plan, stage: str) -> list[list[str]]:
 class RmsNormPrologue(_FoldIntoLaunch):
     name = "rmsnorm-prologue"
     description = (
-        "Runs each RMSNorm that only quantized GEMVs read (the attention and FFN norms before Q/K/V and gate/up) as "
-        "the prologue of that GEMV launch: every worker normalizes its resident x once before its first call, the "
-        "norm weight riding in the same object as x. Use when a quantized decode launches an RMSNorm of one token "
+        "Runs each RMSNorm that only GEMVs, bf16 or quantized, read (the attention and FFN norms before Q/K/V and "
+        "gate/up) as the prologue of that GEMV launch: every worker normalizes its resident x once before its first "
+        "call, the norm weight riding in the same object as x. Use when a decode launches an RMSNorm of one token "
         "before a projection."
     )
     purpose = (
@@ -217,9 +218,10 @@ class RmsNormPrologue(_FoldIntoLaunch):
 class ResidualEpilogue(_FoldIntoLaunch):
     name = "residual-epilogue"
     description = (
-        "Runs each residual add whose other operand is a quantized GEMV's output (after o_proj and down_proj) as the "
-        "epilogue of that GEMV launch: the residual rides in the launch's resident x and every worker adds its rows "
-        "before writing them. Use when a quantized decode launches a one-token residual add after a projection."
+        "Runs each residual add whose other operand is a GEMV's output, bf16 or quantized (after o_proj and "
+        "down_proj), as the epilogue of that GEMV launch: the residual rides in the launch's resident x and every "
+        "worker adds its rows before writing them. Use when a decode launches a one-token residual add after a "
+        "projection."
     )
     purpose = (
         "Removes a launch per residual add and the projection output's DDR round trip; the outputs are bit-identical "
@@ -237,9 +239,9 @@ class ResidualEpilogue(_FoldIntoLaunch):
 class SwigluEpilogue(_FoldIntoLaunch):
     name = "swiglu-epilogue"
     description = (
-        "Runs the SwiGLU of a quantized gate/up launch's two outputs as that launch's epilogue: every worker keeps "
-        "its rows of gate until it has computed the same rows of up and writes silu(gate) * up only. Use when a "
-        "quantized decode launches a one-token SwiGLU after a merged gate/up projection."
+        "Runs the SwiGLU of a gate/up GEMV launch's two outputs, bf16 or quantized, as that launch's epilogue: every "
+        "worker keeps its rows of gate until it has computed the same rows of up and writes silu(gate) * up only. "
+        "Use when a decode launches a one-token SwiGLU after a merged gate/up projection."
     )
     purpose = (
         "Removes the SwiGLU launch of every layer and halves the projection's output bytes (gate is never written); "
