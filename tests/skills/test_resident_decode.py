@@ -185,6 +185,30 @@ def test_the_fits_on_worker_processes_propose_what_one_process_proposes(fresh_ct
     assert len(got[0]) == 3 and got[1] == got[0]
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_fit_that_fails_with_a_bug_raises_after_the_proposals_before_it(fresh_ctx, monkeypatch, jobs):
+    """A fit raising something other than DesignError is a bug: it is raised with its own traceback where a
+    one-by-one search meets it, after the earlier alternatives' proposals, however many workers fitted them."""
+    from tilepilot.skills.optimize import decode
+
+    real = decode._fit_with_bindings
+
+    def fit(alt, stage, prompt_len):
+        if not any(m[0] == "rope_q" for g in alt.decode.block for m in g.merged):  # the RoPE-split alternative
+            raise ZeroDivisionError("a bug in the fit")
+        return real(alt, stage, prompt_len)
+
+    monkeypatch.setattr(decode, "_fit_with_bindings", fit)
+    ctx = fresh_ctx(timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    ctx.save_plan(merged_stage(_fused(ctx.plan.model_spec())))
+    ctx.settings = replace(ctx.settings, jobs=jobs)
+    props = ResidentDecode().proposals(ctx.plan, ctx, "decode")
+    first = next(props)
+    assert first.plan.decode.resident and "RoPE" not in first.change
+    with pytest.raises(ZeroDivisionError, match="a bug in the fit"):
+        next(props)
+
+
 def test_a_pass_with_merged_rope_and_bias_is_also_fitted_with_each_and_both_split(tiny_model):
     """Qwen2's merged Q/K/V bias launch, like a merged RoPE launch, can pack worse (Qwen2.5-3B at q4_0: 26.41 vs
     27.74 tok/s modeled): ``packing_alternatives`` gives the pass as it is, then with RoPE, bias, and both split,

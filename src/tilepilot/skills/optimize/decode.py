@@ -323,11 +323,16 @@ class ResidentDecode(PlanOptimization):
                 return _fit_with_bindings(alt, stage, prompt_len)
             except DesignError as e:
                 return str(e)
+            except Exception:  # any other failure surfaces where a one-by-one search would have met it
+                return _Failed()
 
         alternatives = packing_alternatives(base, stage)
         fits = []
         got = fork_map(fit_or_why, [alt for alt, _ in alternatives], ctx.settings.jobs)
         for n, ((alt, how), fitted) in enumerate(zip(alternatives, got, strict=True)):
+            if isinstance(fitted, _Failed):  # after the earlier proposals; fitted again here for the real traceback
+                _fit_with_bindings(alt, stage, prompt_len)
+                raise RuntimeError(f"resident-decode: fitting the decode pass{how} failed in a worker but not here")
             if isinstance(fitted, str):
                 ctx.workspace.journal.progress(f"resident-decode: the decode pass{how} cannot be packed ({fitted})")
                 continue
@@ -359,6 +364,11 @@ class ResidentDecode(PlanOptimization):
             yield Proposal(steps[-1][1], f"{stage}: one resident dispatch with {undone} ({', '.join(tight)} squeezed "
                                          f"before), every launch packed into the array{fused}")  # fmt: skip
 
+
+class _Failed:
+    """A fit that raised something other than ``DesignError`` (a bug, not an illegal packing): the search raises it in
+    its own order, after the proposals of the alternatives before it, however many workers fitted them (a worker's
+    exception would otherwise surface when the map returns, before any proposal is tried)."""
 
 # Refits when a fitted config breaks a group's launch bindings (``harness.probes.group_checks``, which the plan layer's
 # fit cannot run): each round forbids the changed configs of the ops a failing check names (``op.tensor`` in its
