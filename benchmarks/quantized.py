@@ -71,6 +71,8 @@ FORMATS = (
     ("bf16", WeightFormat("bf16")),
     *((f, WeightFormat(f)) for f in QUANT_FORMATS),
     *((f"{f}+head", WeightFormat(f, bf16_tensors=("embed",))) for f in ("q4_0", "q4_1")),
+    # and with a q8_0 KV cache (``deploy --kv-cache q8_0``): the decode step reads back about half the cache bytes
+    *((f"{f}+head+kv8", WeightFormat(f, bf16_tensors=("embed",), kv_cache="q8_0")) for f in ("q4_0", "q4_1")),
 )
 # The decode context both resident fits are compared at (``fit_resident``'s own packing context).
 PACK_CONTEXT = 2048
@@ -300,9 +302,10 @@ def render(data: dict[str, Any]) -> str:
         "format), Q/K/V and gate/up as one multi-matrix GEMV launch each, Q's and K's RoPE and Qwen2's Q/K/V biases "
         "as one launch each (`multi-matrix-launches`, bf16 and quantized alike; the one dispatch's groups are joined "
         "into one per layer, so where the paper split O + FFN into several ELFs gate/up merge too); Qwen3's per-head "
-        "Q/K norms inside the RoPE launch (`qk-norm-into-rope`, every format); in the quantized plans the RMSNorms "
+        "Q/K norms inside the RoPE launch (`qk-norm-into-rope`, every format); the RMSNorms "
         "before Q/K/V and gate/up (and the final norm before a packed LM head), the residual adds and the SwiGLU "
-        "folded into the GEMV launch next to them (`rmsnorm-prologue`, `residual-epilogue`, `swiglu-epilogue`; each "
+        "folded into the GEMV launch next to them (`rmsnorm-prologue`, `residual-epilogue`, `swiglu-epilogue`, bf16 "
+        "and quantized GEMVs alike; each "
         "fold kept only when it makes the pass faster; bit-identical), then made **resident** (`resident-decode`: "
         "every launch packed into the array and configured once, no design switch between launches, configs refitted "
         "where they do not fit together; fitted also with the merged RoPE, the merged biases, the folds and the "
@@ -316,7 +319,10 @@ def render(data: dict[str, Any]) -> str:
         "timed by the same model: a ratio against it compares two modeled plans, not tilepilot with AIR's silicon "
         "(the model's error on AIR's measured figures is in `docs/calibration.md`). "
         "Embeddings stay bf16 in every quantized plan, and so does the LM head except in the `+head` rows, which pack "
-        "it like the layers (as AIR's Q4NX deployment does).",
+        "it like the layers (as AIR's Q4NX deployment does). The `+kv8` rows also keep the KV cache as Q8_0 blocks "
+        "(`deploy --kv-cache q8_0`: 34 bytes per 32 values; a `kvquant` launch per layer writes the step's rows, "
+        "attention decodes the blocks it streams); their bound is the same weights-only bound, and their "
+        "quantization error includes the cache's.",
         "",
         "Quantization error (trained SmolLM2-135M only; `harness/quant_quality.py`, measured on the host, not a gate): "
         "teacher-forced KL(original || deployment) mean and top-1 agreement over the shipped real text, the "

@@ -229,3 +229,19 @@ def test_a_bad_worker_count_is_refused_before_the_workspace_exists(tiny_dir, tmp
     out = tmp_path / "ws"
     _refused(["deploy", str(tiny_dir), "--out", str(out), *(["--jobs", jobs] if jobs else [])], capsys, words)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "kv, small_heads, words",
+    [
+        ("fp8", False, "--kv-cache 'fp8' is not a KV-cache format; use one of bf16, q8_0"),
+        ("q8_0", True, "(head_dim a multiple of 64), but a head holds 16 values"),
+    ],
+)
+def test_a_kv_cache_format_the_model_cannot_use_is_refused_before_the_workspace_exists(
+    tiny_dir, tmp_path, capsys, kv, small_heads, words
+):
+    model = write_zoo_model("smollm2-1.7b", tmp_path / "zoo", layers=1, overrides=TINY_ZOO) if small_heads else tiny_dir
+    out = tmp_path / "ws"
+    _refused(["deploy", str(model), "--out", str(out), "--kv-cache", kv], capsys, words)
+    assert not out.exists()

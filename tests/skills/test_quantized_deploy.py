@@ -41,8 +41,10 @@ from tilepilot.skills.weights import AS_STORED, ROUND_TO_NEAREST, UNPACKED, WEIG
 
 PASS = ("PASS", "PASS-with-warnings")
 # One format per family so each format and each family is deployed end to end once (four full deployments of
-# one-layer tiny models; every (family, format) pair would be twelve for no new code path).
-FAMILY_FORMATS = (("llama", "q4_0"), ("smollm2", "q4_1"), ("qwen2", "q8_0"), ("qwen3", "q4_0"))
+# one-layer tiny models; every (family, format) pair would be twelve for no new code path), and a q8_0 KV cache on
+# one of them (``--kv-cache``): its writes are kvquant launches and its gates compare with the oracle under it.
+FAMILY_FORMATS = (("llama", "q4_0", "q8_0"), ("smollm2", "q4_1", "bf16"), ("qwen2", "q8_0", "bf16"),
+                  ("qwen3", "q4_0", "bf16"))  # fmt: skip
 
 
 def _deploy(model: Path, ws: Path, knowledge: Path, *flags: str) -> tuple[int, dict]:
@@ -57,14 +59,15 @@ def _deploy(model: Path, ws: Path, knowledge: Path, *flags: str) -> tuple[int, d
 def quantized(tmp_path_factory):
     """``quantized(family, fmt)``: the family's one-layer tiny model deployed with ``--weights fmt`` (once)."""
     base = tmp_path_factory.mktemp("quantized")
-    done: dict[tuple[str, str], tuple[Path, int, dict]] = {}
+    done: dict[tuple[str, str, str], tuple[Path, int, dict]] = {}
 
-    def get(family: str, fmt: str):
-        if (family, fmt) not in done:
+    def get(family: str, fmt: str, kv: str = "bf16"):
+        key = (family, fmt, kv)
+        if key not in done:
             model = write_tiny(family, base / f"tiny-{family}", layers=1)
-            ws = base / f"ws-{family}-{fmt}"
-            done[(family, fmt)] = (ws, *_deploy(model, ws, base / "knowledge", "--weights", fmt))
-        return done[(family, fmt)]
+            ws = base / f"ws-{family}-{fmt}-{kv}"
+            done[key] = (ws, *_deploy(model, ws, base / "knowledge", "--weights", fmt, "--kv-cache", kv))
+        return done[key]
 
     return get
 
@@ -73,9 +76,9 @@ def _record(ws: Path) -> dict:
     return json.loads((ws / J.DEPLOYMENT).read_text())
 
 
-@pytest.mark.parametrize(("family", "fmt"), FAMILY_FORMATS)
-def test_deploy_weights_reaches_pass_on_every_family(quantized, family, fmt):
-    ws, code, s = quantized(family, fmt)
+@pytest.mark.parametrize(("family", "fmt", "kv"), FAMILY_FORMATS)
+def test_deploy_weights_reaches_pass_on_every_family(quantized, family, fmt, kv):
+    ws, code, s = quantized(family, fmt, kv)
     assert code == 0 and s["verdict"] in PASS, s.get("review")
     d = _record(ws)
     assert d[WEIGHTS_KEY]["format"] == fmt and d[WEIGHTS_KEY]["packing"] == ROUND_TO_NEAREST
@@ -93,6 +96,13 @@ def test_deploy_weights_reaches_pass_on_every_family(quantized, family, fmt):
     gates = [json.loads(p.read_text()) for p in (ws / J.GATES_DIR).glob("*.json")]
     assert not [t for g in gates for t in g.get("thresholds", []) if "quantization" in t["metric"]]
     assert s["performance"]["weights"].startswith(fmt)
+    # the KV cache's format: recorded, and every NPU write and read of the optimized plan in it
+    assert d["plan"]["weights"]["kv_cache"] == kv and d[WEIGHTS_KEY]["kv_cache"] == kv
+    calls = [(c, g["where"]) for st in ("prefill", "decode") for g in d["plan"][st]["block"] for c in g["calls"]]
+    writes = {c["family"] for c, where in calls if c["op"] == "kv_write" and where == "npu"}
+    reads = {c["config"].get("kv_format", "bf16") for c, where in calls if c["op"] == "attention" and where == "npu"}
+    assert writes == {"kvquant" if kv == "q8_0" else "kv_cache"} and reads == {kv}
+    assert (f"KV cache {kv}" in s["performance"]["weights"]) == (kv != "bf16")
 
 
 def test_trained_smollm2_deploys_its_q4_1_blocks_as_stored(smollm2_dir, tmp_path):
@@ -184,7 +194,7 @@ def test_resume_keeps_the_recorded_format(tiny_model, tmp_path):
 
 
 def test_the_evaluator_refuses_a_recorded_format_its_files_do_not_match(quantized, tmp_path):
-    src, code, _ = quantized("llama", "q4_0")
+    src, code, _ = quantized("llama", "q4_0", "q8_0")
     assert code == 0
     ws = tmp_path / "ws"
     shutil.copytree(src, ws)

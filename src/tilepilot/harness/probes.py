@@ -24,7 +24,7 @@ from tilepilot.kernels.bind import binding, family_module, make_config
 from tilepilot.kernels.fuse import group_for_ops
 from tilepilot.kernels.rope import table_for
 from tilepilot.model.graph import KV_FAMILY, block_graph
-from tilepilot.model.quant import quantize
+from tilepilot.model.quant import pack_kv_rows, quantize
 from tilepilot.npu.design import MultiLaunchGroup, torch_dtype
 from tilepilot.npu.execute import run_group_tile, run_tile
 from tilepilot.npu.validate import validate, validate_group
@@ -145,6 +145,10 @@ def _inputs(design, family: str, spec, gen: torch.Generator, start: int = 0, sha
         if ts.dtype == "uint8" and shape is not None and hasattr(shape, "fmt"):
             w = torch.randn((shape.n, shape.k), generator=gen, dtype=torch.float32)
             ins[ts.name] = ref[ts.name] = quantize(w, shape.fmt, shape.block).data.reshape(ts.shape)
+            continue
+        if ts.dtype == "uint8" and getattr(shape, "kv_format", "bf16") != "bf16":  # a q8_0 KV cache's stored rows
+            rows = torch.randn((ts.shape[0], 2 * shape.kv_dim), generator=gen, dtype=torch.float32)
+            ins[ts.name] = ref[ts.name] = pack_kv_rows(rows, shape.kv_format)
             continue
         dt = torch_dtype(ts.dtype)
         if family == "rope" and ts.name == "cs":

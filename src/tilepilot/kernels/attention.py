@@ -80,6 +80,8 @@ import torch
 
 from tilepilot.errors import ConfigError
 from tilepilot.kernels._stream import shape_error
+from tilepilot.kernels.qgemv import DEQUANT_OPS
+from tilepilot.model.quant import kv_unit, kv_values, pack_kv_rows
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import (
@@ -93,6 +95,7 @@ from tilepilot.npu.design import (
     Tile,
     TileKernel,
     Worker,
+    dtype_bytes,
     join,
     split,
 )
@@ -129,6 +132,7 @@ class Shape:
     n_kv_heads: int
     head_dim: int
     causal: bool = True
+    kv_format: str = "bf16"  # how the cache stores its rows (``model.quant.KV_FORMATS``): bf16, or q8_0 blocks
 
     @property
     def group(self) -> int:
@@ -182,6 +186,9 @@ class Config:
     # from its own shim, so a model with few KV heads streams its cache over more shim channels than one column per
     # KV head has; q goes to every column of the unit, o leaves from the last.
     kv_cols: int = 1
+    # The cache format the design reads (the shape's, ``Shape.kv_format``): data, not a tuning choice; the plan sets
+    # it from its KV-cache format and every candidate carries the shape's.
+    kv_format: str = "bf16"
 
     @property
     def workers_per_col(self) -> int:
@@ -231,9 +238,25 @@ def unit_blocks(shape: Shape, config: Config, batch: int) -> list[int]:
     return [blocks_needed(shape, config, batch * qpc + a) for a in range(qpc)]
 
 
+def kv_head_unit(shape: Shape) -> tuple[int, str]:
+    """(stored elements, dtype) of one KV head's K (or V) part of a cache row: head_dim bf16 values, or the bytes of
+    their q8_0 blocks. A q8_0 cache's key block reaches the tile packed; the tile decodes it in vector registers and
+    keeps no decoded copy (as the quantized GEMV does with its weights), so L1 holds the packed bytes."""
+    try:
+        return kv_unit(shape.kv_format, shape.head_dim)
+    except ConfigError as e:
+        raise shape_error(FAMILY, str(e)) from None
+
+
+def kv_row_unit(shape: Shape) -> int:
+    """Stored elements of one cache row's K (or V) part, every KV head."""
+    return kv_unit(shape.kv_format, shape.kv_dim)[0]
+
+
 def l1_bytes(shape: Shape, config: Config) -> int:
     tq, tk, d = tile_rows(shape, config), config.tile_k, shape.head_dim
-    fifos = 2 * tq * d * 2 + config.depth * tk * 2 * d * 2
+    e, dt = kv_head_unit(shape)
+    fifos = 2 * tq * d * 2 + config.depth * tk * 2 * e * dtype_bytes(dt)
     if config.kv_stages > 1:  # the partial state in from the previous stage and out to the next
         fifos += 2 * STATE_BYTES * tq * (d + 2)
     return fifos + _local(shape, config) + CORE_STACK_BYTES
@@ -460,6 +483,11 @@ def _segments_closed_form(
 def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.variant not in VARIANTS:
         raise shape_error(FAMILY, f"variant {config.variant!r} is unknown; use one of {VARIANTS}")
+    kv_head_unit(shape)  # a cache format the heads cannot be stored in is refused in one sentence
+    if config.kv_format != shape.kv_format:
+        raise shape_error(
+            FAMILY, f"the config reads a {config.kv_format} KV cache but the cache is {shape.kv_format}; set kv_format"
+        )
     if min(shape.q_len, shape.kv_len, shape.n_heads, shape.n_kv_heads, shape.head_dim) < 1:
         raise shape_error(FAMILY, f"shape {shape} has an empty dimension")
     if shape.n_heads % shape.n_kv_heads:
@@ -567,7 +595,7 @@ def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> Til
     scale = 1.0 / math.sqrt(d)
 
     def attention_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        q, kv = ins
+        q, kv = ins[0], key_block(ins[1], shape)
         sc = ctx.scratch
         if ctx.first:
             sc["state"] = initial_state((), tq, d)
@@ -578,15 +606,28 @@ def _kernel(shape: Shape, config: Config, tiles_of: dict[str, list[int]]) -> Til
             outs[0].copy_(finish(sc["state"]))
 
     rows = -(-n // MMUL_M) * MMUL_M
+    e, dt = kv_head_unit(shape)
+    # a q8_0 block's decode is the quantized GEMV's inner loop (unpack, convert, scale): timed at that family's
+    # efficiency (``TileKernel.borrowed_ops``), not at the softmax loop's
+    decode = () if shape.kv_format == "bf16" else (("qgemv", DEQUANT_OPS[shape.kv_format] * 2 * tk * d),)
     return TileKernel(
-        name=f"flash_attn_{config.variant}_{n}x{tk}x{d}",
+        name=f"flash_attn_{config.variant}_{n}x{tk}x{d}" + ("" if shape.kv_format == "bf16" else f"_{shape.kv_format}"),
         fn=attention_tile,
         variant=config.variant,
         macs_per_call=2 * rows * tk * d,
         vector_ops_per_call=n * tk * OPS_PER_SCORE + n * d * OPS_PER_ACC + n * OPS_PER_ROW,
-        bytes_per_call=2 * (n * d + 2 * tk * d) + 4 * (n * tk + n * d),
+        bytes_per_call=2 * n * d + 2 * tk * e * dtype_bytes(dt) + 4 * (n * tk + n * d),
         params={"tile_q": tq, "tile_k": tk, "head_dim": d},
+        borrowed_ops=decode,
     )
+
+
+def key_block(kv: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """A streamed [tile_k, 2, head_dim] key/value block as the MMUL reads it: the object itself, or its q8_0 blocks
+    decoded (``model.quant.kv_values``: the values every executor path and the oracle compute with)."""
+    if shape.kv_format == "bf16":
+        return kv
+    return kv_values(kv, shape.kv_format)
 
 
 def _program(q_fifo: str, kv_fifo: str, o_fifo: str, blocks: list[tuple[int, int]]):
@@ -635,7 +676,7 @@ def _stage_kernel(shape: Shape, config: Config, tiles: list[int], stage: int, ow
         if sc.get("unit") != ctx.iteration:
             sc["unit"], sc["state"] = ctx.iteration, initial_state((), n, d)
         if ctx.step >= 0:
-            q, kv = ins
+            q, kv = ins[0], key_block(ins[1], shape)
             q0 = shape.q_start + tiles[ctx.iteration] * tq
             q_pos = torch.arange(q0, q0 + tq).repeat_interleave(heads)
             masked = hidden(shape, q_pos, torch.arange(ctx.step * tk, (ctx.step + 1) * tk))
@@ -655,6 +696,7 @@ def _stage_kernel(shape: Shape, config: Config, tiles: list[int], stage: int, ow
         vector_ops_per_call=-(-vops // max(calls, 1)),
         bytes_per_call=-(-nbytes // max(calls, 1)),
         params={"tile_q": tq, "tile_k": tk, "head_dim": d, "stage": stage},
+        borrowed_ops=tuple((f, -(-blocks * ops // max(calls, 1))) for f, ops in per_block.borrowed_ops),
     )
 
 
@@ -704,7 +746,8 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
                              config.share_cols)  # fmt: skip
     kc = config.kv_cols
     rows = nst // kc  # stages per column
-    qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
+    qd, s_pad = shape.q_dim, kv_rows(shape, config)
+    (e, kdt), kvd = kv_head_unit(shape), kv_row_unit(shape)  # a KV head's and a row's K (or V) part, as stored
     q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
     n = tile_rows(shape, config)
     q_width = n // tq * d  # elements of one query's row a tile takes: one head, or the group's heads side by side
@@ -721,21 +764,21 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
         direct = sc >= nst  # one stream per stage segment, each from its own column's shim (AIR's QKIn_s / VIn_s)
         if direct:
             fifos += [
-                ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0 + s, SHIM_ROW))
+                ObjectFifo(f, (tk, 2, e), kdt, config.depth, shim_placement=Tile(c0 + s, SHIM_ROW))
                 for s, f in enumerate(parts)
             ]
             feeds = []
         elif per_feed == 1:  # one stage per channel: each stage's stream straight from its column's shim
-            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth, shim_placement=Tile(c0 + s // rows, SHIM_ROW))
+            fifos += [ObjectFifo(f, (tk, 2, e), kdt, config.depth, shim_placement=Tile(c0 + s // rows, SHIM_ROW))
                       for s, f in enumerate(parts)]  # fmt: skip
             feeds = parts
         else:  # per channel, one [stages * tile_k, 2, d] object per step, split by the memory tile to its stages
             # feed J (in stage order) is channel J % ch of the unit's column J // ch
             feeds = [f"kv_{c0 + j // ch}" if ch == 1 else f"kv_{c0 + j // ch}_in{j % ch}" for j in range(ch * kc)]
-            offsets = [s * tk * 2 * d for s in range(per_feed)]
-            fifos += [ObjectFifo(f, (per_feed * tk, 2, d), "bf16", config.depth,
+            offsets = [s * tk * 2 * e for s in range(per_feed)]
+            fifos += [ObjectFifo(f, (per_feed * tk, 2, e), kdt, config.depth,
                                  shim_placement=Tile(c0 + j // ch, SHIM_ROW)) for j, f in enumerate(feeds)]  # fmt: skip
-            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
+            fifos += [ObjectFifo(f, (tk, 2, e), kdt, config.depth) for f in parts]
             for j, feed in enumerate(feeds):
                 col = c0 + j // ch
                 name = f"kv_split_{col}" + (f"_{j % ch}" if ch > 1 else "")
@@ -753,15 +796,15 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             tasks = [("fill", f"q_{c0 + c + j}", "q", tap) for c in range(sc) for j in range(kc) for tap in q_taps[c]]
             if direct:
                 for st, f in enumerate(parts):
-                    off = st * segment * tk * 2 * kvd + kv_head * d
-                    sizes, strides = [streamed[u], tk, 2, d], [tk * 2 * kvd, 2 * kvd, kvd, 1]
-                    tasks += [("fill", f, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
+                    off = st * segment * tk * 2 * kvd + kv_head * e
+                    sizes, strides = [streamed[u], tk, 2, e], [tk * 2 * kvd, 2 * kvd, kvd, 1]
+                    tasks += [("fill", f, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides, kdt)]
             else:
                 for j, feed in enumerate(feeds):
-                    off = j * per_feed * segment * tk * 2 * kvd + kv_head * d
-                    sizes = [streamed[u], per_feed, tk, 2, d]
+                    off = j * per_feed * segment * tk * 2 * kvd + kv_head * e
+                    sizes = [streamed[u], per_feed, tk, 2, e]
                     strides = [tk * 2 * kvd, segment * tk * 2 * kvd, 2 * kvd, kvd, 1]
-                    tasks += [("fill", feed, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides)]
+                    tasks += [("fill", feed, "kv", tap) for tap in legal_taps(kv_shape, off, sizes, strides, kdt)]
             tasks += [("drain", f"o_{c0 + c + kc - 1}", "o", tap) for c in range(sc) for tap in q_taps[c]]
             per_unit.append(tasks)
         group_tasks.append(per_unit)
@@ -818,7 +861,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     hpc, tq, tk, d, g = config.heads_per_col, config.tile_q, config.tile_k, shape.head_dim, shape.group
     qpc, nw = config.q_tiles_per_col, config.workers_per_col
     kvh = max(1, hpc // g)  # KV heads one unit needs
-    qd, kvd, s_pad = shape.q_dim, shape.kv_dim, kv_rows(shape, config)
+    qd, s_pad = shape.q_dim, kv_rows(shape, config)
+    (e, kdt), kvd = kv_head_unit(shape), kv_row_unit(shape)  # a KV head's and a row's K (or V) part, as stored
     q_shape, kv_shape = (shape.q_len, qd), (s_pad, 2 * kvd)
     assignment = assign_units(shape, config)
 
@@ -851,13 +895,13 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             links.append(split(f"q_split_{col}", q_in, q_slot, [w * tq * d for w in range(nw)], mem))
             links.append(join(f"o_join_{col}", o_slot, o_out, [w * tq * d for w in range(nw)], mem))
         if kvh == 1:
-            fifos += [ObjectFifo(kv_in, (tk, 2, d), "bf16", config.depth, shim_placement=shim)]
+            fifos += [ObjectFifo(kv_in, (tk, 2, e), kdt, config.depth, shim_placement=shim)]
             kv_slot = [kv_in] * nw
         else:
             parts = [f"kv_{col}_{j}" for j in range(kvh)]
-            fifos += [ObjectFifo(kv_in, (kvh * tk, 2, d), "bf16", config.depth, shim_placement=shim)]
-            fifos += [ObjectFifo(f, (tk, 2, d), "bf16", config.depth) for f in parts]
-            links.append(split(f"kv_split_{col}", kv_in, parts, [j * tk * 2 * d for j in range(kvh)], mem))
+            fifos += [ObjectFifo(kv_in, (kvh * tk, 2, e), kdt, config.depth, shim_placement=shim)]
+            fifos += [ObjectFifo(f, (tk, 2, e), kdt, config.depth) for f in parts]
+            links.append(split(f"kv_split_{col}", kv_in, parts, [j * tk * 2 * e for j in range(kvh)], mem))
             kv_slot = [parts[(w // qpc) // g] for w in range(nw)]
         per_unit = []
         for (c, i), nb in zip(units, streamed, strict=True):
@@ -866,8 +910,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             q_off = i * qpc * tq * qd + h0 * d
             for tap in legal_taps(q_shape, q_off, [hpc, qpc * tq, d], [d, qd, 1]):
                 tasks.append(("fill", q_in, "q", tap))
-            kv_sizes, kv_strides = [nb, kvh, tk, 2, d], [tk * 2 * kvd, d, 2 * kvd, kvd, 1]
-            for tap in legal_taps(kv_shape, j0 * d, kv_sizes, kv_strides):
+            kv_sizes, kv_strides = [nb, kvh, tk, 2, e], [tk * 2 * kvd, e, 2 * kvd, kvd, 1]
+            for tap in legal_taps(kv_shape, j0 * e, kv_sizes, kv_strides, kdt):
                 tasks.append(("fill", kv_in, "kv", tap))
             for tap in legal_taps(q_shape, q_off, [hpc, qpc * tq, d], [d, qd, 1]):
                 tasks.append(("drain", o_out, "o", tap))
@@ -902,7 +946,7 @@ def _assemble(
     col_tasks: list[list[list[tuple[str, str, str, object]]]],
 ) -> Design:
     tk, d, s_pad = config.tile_k, shape.head_dim, kv_rows(shape, config)
-    q_shape, kv_shape = (shape.q_len, shape.q_dim), (s_pad, 2 * shape.kv_dim)
+    q_shape, kv_shape = (shape.q_len, shape.q_dim), (s_pad, 2 * kv_row_unit(shape))
     design = Design(
         name=f"attention_{shape.q_len}x{shape.kv_len}_h{shape.n_heads}_kv{shape.n_kv_heads}_d{d}"
         + ("" if shape.causal else "_noncausal")
@@ -911,9 +955,10 @@ def _assemble(
         + ("_grouprows" if config.group_rows else "")
         + (f"_kv{config.kv_channels}ch" if config.kv_channels > 1 else "")
         + (f"_kvcols{config.kv_cols}" if config.kv_cols > 1 else "")
-        + ("_rounds" if config.rounds else ""),
+        + ("_rounds" if config.rounds else "")
+        + ("" if shape.kv_format == "bf16" else f"_kv{shape.kv_format}"),
         device=device,
-        inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape)],
+        inputs=[TensorSpec("q", q_shape), TensorSpec("kv", kv_shape, kv_head_unit(shape)[1])],
         outputs=[TensorSpec("o", q_shape)],
         fifos=fifos,
         links=links,
@@ -924,7 +969,8 @@ def _assemble(
             "fp32",
             tk,
             "bf16",
-            ("scores:exact->fp32", "softmax:fp32", "p:bf16", "pv:exact->fp32", "acc:fp32", "output:bf16"),
+            (() if shape.kv_format == "bf16" else (f"kv:{shape.kv_format}->bf16",))
+            + ("scores:exact->fp32", "softmax:fp32", "p:bf16", "pv:exact->fp32", "acc:fp32", "output:bf16"),
         ),
         fast=_fast(shape, config),
     )
@@ -950,12 +996,13 @@ def _assemble(
 
 def _fast(shape: Shape, config: Config):
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
+        kv = kv_values(inputs["kv"], shape.kv_format)  # decoded as the tile decodes each block: the same values
         if exact and config.kv_stages > 1:
-            return {"o": attend_cascade_exact(inputs["q"], inputs["kv"], shape, config)}
+            return {"o": attend_cascade_exact(inputs["q"], kv, shape, config)}
         if config.kv_stages > 1:
-            return {"o": attend_fast(inputs["q"], inputs["kv"], shape, config.tile_k, stage_blocks(shape, config))}
+            return {"o": attend_fast(inputs["q"], kv, shape, config.tile_k, stage_blocks(shape, config))}
         run = attend_exact if exact else attend_fast
-        return {"o": run(inputs["q"], inputs["kv"], shape, config.tile_k)}
+        return {"o": run(inputs["q"], kv, shape, config.tile_k)}
 
     return fast
 
@@ -963,23 +1010,23 @@ def _fast(shape: Shape, config: Config):
 # ----------------------------------------------------------------------------------------------------------------------
 # Inputs, reference, configs
 # ----------------------------------------------------------------------------------------------------------------------
-def pack_kv(k: torch.Tensor, v: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-    """[k | v] rows (bf16), zero-padded to ``rows``: the kv tensor this family reads."""
+def pack_kv(k: torch.Tensor, v: torch.Tensor, rows: int | None = None, kv_format: str = "bf16") -> torch.Tensor:
+    """[k | v] rows, zero-padded to ``rows``, stored as ``kv_format`` (``model.quant.pack_kv_rows``): the kv tensor
+    this family reads. Zero padding rows decode to zeros in every format."""
     if k.shape != v.shape or k.dim() != 2:
         raise ConfigError(f"k and v must both be [positions, kv_dim], got {tuple(k.shape)} and {tuple(v.shape)}.")
+    stored = pack_kv_rows(torch.cat((k.to(torch.bfloat16), v.to(torch.bfloat16)), dim=1), kv_format)
     n = k.shape[0] if rows is None else rows
-    out = torch.zeros(n, 2 * k.shape[1], dtype=torch.bfloat16)
-    out[: k.shape[0], : k.shape[1]] = k
-    out[: k.shape[0], k.shape[1] :] = v
+    out = torch.zeros(n, stored.shape[1], dtype=stored.dtype)
+    out[: k.shape[0]] = stored
     return out
 
 
 def prepare_inputs(design: Design, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
-    """q [q_len, q_dim], k and v [kv_len, kv_dim] -> the design's q and padded, packed kv."""
-    return {
-        "q": q.to(torch.bfloat16),
-        "kv": pack_kv(k.to(torch.bfloat16), v.to(torch.bfloat16), design.meta["kv_rows"]),
-    }
+    """q [q_len, q_dim], k and v [kv_len, kv_dim] -> the design's q and padded kv rows in the design's cache
+    format."""
+    fmt = design.meta["shape"]["kv_format"]
+    return {"q": q.to(torch.bfloat16), "kv": pack_kv(k, v, design.meta["kv_rows"], fmt)}
 
 
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
@@ -987,7 +1034,7 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
     softmax over every key otherwise."""
     if shape is None:
         raise ConfigError("attention.reference needs the shape (heads, head_dim, lengths); pass shape=Shape(...).")
-    kv = inputs["kv"][: shape.kv_len]
+    kv = kv_values(inputs["kv"][: shape.kv_len], shape.kv_format)
     k, v = kv[:, : shape.kv_dim], kv[:, shape.kv_dim :]
     d = shape.head_dim
     if not shape.causal:
@@ -1049,6 +1096,7 @@ def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config
     out.sort(key=lambda x: x[0])
     cands = [c for _, c in out]
     cands += decode_cascade_configs(shape, device)
+    cands = [replace(c, kv_format=shape.kv_format) for c in cands]
     return cands + [replace(cands[0], variant="scalar")] if cands else []
 
 
@@ -1082,7 +1130,7 @@ def decode_cascade_configs(shape: Shape, device: Device | None = None) -> list[C
             for ch in (2, 1):
                 for tk in (64, 32, 16):
                     cfg = Config(cols=cols, heads_per_col=1, tile_q=1, tile_k=tk, kv_stages=rows * kc,
-                                 group_rows=True, kv_channels=ch, kv_cols=kc)  # fmt: skip
+                                 group_rows=True, kv_channels=ch, kv_cols=kc, kv_format=shape.kv_format)  # fmt: skip
                     if l1_bytes(shape, cfg) <= device.compute.memory_bytes:
                         out.append(cfg)
     return out
@@ -1101,7 +1149,9 @@ def cascade_configs(shape: Shape, device: Device | None = None, stages: int = 4)
         share = next(n for n in (AIR_Q_TILES, 2, 1) if q_tiles % n == 0 and device.columns % n == 0)
         groups = min(device.columns // share, shape.n_heads * q_tiles // share)
         for tk in (64, 32, 16):
-            cfg = Config(groups * share, 1, tq, tk, 2, "vector", 1, False, stages, True, share)
+            cfg = Config(
+                groups * share, 1, tq, tk, 2, "vector", 1, False, stages, True, share, kv_format=shape.kv_format
+            )
             if l1_bytes(shape, cfg) <= device.compute.memory_bytes and stages <= device.compute_rows:
                 out.append(cfg)
     return out

@@ -471,7 +471,7 @@ def _attention_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, con
     q_len = _attn_q_len(rows, config, lambda q: _default_attention_s(q, context + q - rows, *dims))
     return family_module("attention").Shape(
         q_len=q_len, kv_len=context + q_len - rows, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
-        head_dim=spec.head_dim,
+        head_dim=spec.head_dim, kv_format=config.get("kv_format", "bf16"),
     )  # fmt: skip
 
 
@@ -482,6 +482,17 @@ def _attention_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
         q = torch.cat((q, torch.zeros(q_len - rows, q.shape[1], dtype=q.dtype)))
     kv = args["kv_cache"].packed(args["layer"], design.meta["kv_rows"])
     return design.fast({"q": q, "kv": kv})["o"][:rows]
+
+
+# ---- the KV-cache write of a q8_0 cache: the step's [k | v] rows quantized by a launch (``kernels/kvquant.py``) ------
+def _kvquant_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
+    return family_module("kvquant").Shape(rows=rows, width=node.width)
+
+
+def _kvquant_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    """The stored rows of the step's K (after RoPE) and V, which the dispatcher writes into the cache."""
+    k, v = args["_in"]
+    return design.fast({"x": torch.cat((k, v), dim=1)})["kv"]
 
 
 BINDINGS: dict[tuple[str, str], OpBinding] = {
@@ -496,6 +507,7 @@ BINDINGS: dict[tuple[str, str], OpBinding] = {
     ("linear", "qgemv"): OpBinding(_qgemv_shape, _qgemv_run),
     ("linear", "qgemm"): OpBinding(_qgemm_shape, _qgemm_run),
     ("add", "eltwise"): OpBinding(_add_shape, _add_run),
+    ("kv_write", "kvquant"): OpBinding(_kvquant_shape, _kvquant_run),
     ("lm_head", "lm_head"): OpBinding(_head_shape, _head_run),
     ("lm_head", "gemv"): OpBinding(
         lambda n, s, r, c, cfg: family_module("gemv").Shape(n=s.vocab, k=s.hidden, m=r),

@@ -28,6 +28,7 @@ from tilepilot.files import write_text_atomic
 # tree yet is simply absent from FAMILIES (an import error *inside* a present module still raises).
 FAMILY_NAMES = (
     "gemm", "qgemm", "gemv", "qgemv", "eltwise", "lm_head", "rmsnorm", "rope", "attention", "swiglu", "bias",
+    "kvquant",
 )  # fmt: skip
 
 REGISTRY_VERSION = 1

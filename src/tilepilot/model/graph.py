@@ -20,9 +20,10 @@ KIND_FAMILIES: dict[str, tuple[str, ...]] = {
     "bias": ("bias",),
     "head_norm": ("rmsnorm",),
     "rope": ("rope",),
-    # kv_write has no kernel: on the NPU the producer's drain lands in the cache buffer (a DMA);
-    # on the host it is a copy into the cache. "kv_cache" names that runtime operation.
-    "kv_write": ("kv_cache",),
+    # kv_write has no kernel for a bf16 cache: on the NPU the producer's drain lands in the cache buffer (a DMA);
+    # on the host it is a copy into the cache. "kv_cache" names that runtime operation. A q8_0 cache is written by
+    # a launch that quantizes the rows ("kvquant", ``kernels/kvquant.py``).
+    "kv_write": ("kv_cache", "kvquant"),
     "attention": ("attention",),
     "add": ("eltwise",),
     "swiglu": ("swiglu",),

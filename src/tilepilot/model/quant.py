@@ -33,6 +33,7 @@ from tilepilot.model.weights import LAYER_TENSOR_NAMES
 FORMATS = ("bf16", "q4_0", "q4_1", "q8_0")
 QUANT_FORMATS = ("q4_0", "q4_1", "q8_0")
 GGUF_BLOCK = 32
+KV_FORMATS = ("bf16", "q8_0")  # KV-cache formats (see ``pack_kv_rows`` at the end)
 # Tensors kept in bf16 by default in a quantized deployment (the user may override): the embedding table is
 # a row gather, not a GEMV, and the LM head decides every token (AIR's Q4NX keeps its head in bf16).
 DEFAULT_BF16_TENSORS = ("embed", "lm_head")
@@ -292,6 +293,8 @@ class WeightFormat:
     format: str = "bf16"
     block: int = GGUF_BLOCK
     bf16_tensors: tuple[str, ...] = DEFAULT_BF16_TENSORS
+    # how the KV cache stores K and V (``KV_FORMATS``): a number format of the deployment, as the weights' is
+    kv_cache: str = "bf16"
 
     def problems(self) -> list[str]:
         out = []
@@ -299,6 +302,8 @@ class WeightFormat:
             out.append(f"weights.format is {self.format!r}; use one of {FORMATS}")
         elif self.format != "bf16" and (self.block < 2 or self.block % 2):
             out.append(f"weights.block is {self.block}; use an even block size (GGUF: {GGUF_BLOCK})")
+        if self.kv_cache not in KV_FORMATS:
+            out.append(f"weights.kv_cache is {self.kv_cache!r}; use one of {KV_FORMATS}")
         return out
 
     @property
@@ -402,3 +407,56 @@ def deployment_weights(source, fmt: WeightFormat | dict | None, stored: Mapping[
     if not fmt.quantized or isinstance(source, QuantizedWeights):
         return source
     return QuantizedWeights(source, fmt, stored if stored is not None else getattr(source, "stored_blocks", None))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# KV-cache formats: what the cache stores per position ([k | v] rows) and what attention computes with
+# ----------------------------------------------------------------------------------------------------------------------
+# "q8_0": every cached row cut into blocks of 32 values along the row (a KV head's 64 or 128 values are whole
+# blocks), each stored as GGUF's Q8_0 block (fp16 scale, 32 int8 codes: 34 bytes for 64 of bf16), as llama.cpp's
+# ``--cache-type-k/v q8_0``. Attention computes with the dequantized values rounded once to bf16, as the quantized
+# GEMV does with its weights, and the oracle quantizes its own K and V the same way: a q8_0 cache is part of the
+# model being deployed, and its error against a bf16 cache is reported, not hidden in a gate.
+def check_kv_format(fmt: str, width: int | None = None) -> None:
+    """One sentence naming a KV-cache format this code cannot store, or a row width q8_0 cannot block."""
+    if fmt not in KV_FORMATS:
+        raise ConfigError(f"KV-cache format {fmt!r} is unknown; use one of {KV_FORMATS}")
+    if fmt != "bf16" and width is not None and (width % GGUF_BLOCK or row_bytes(fmt, width) % 4):
+        raise ConfigError(
+            f"a {fmt} KV cache stores blocks of {GGUF_BLOCK} values in whole 32-bit words per head (head_dim a "
+            f"multiple of {2 * GGUF_BLOCK}), but a head holds {width} values; use a bf16 KV cache for this model"
+        )
+
+
+def kv_unit(fmt: str, values: int) -> tuple[int, str]:
+    """(stored elements, their dtype) of ``values`` consecutive cached values: themselves in bf16, or the bytes of
+    their q8_0 blocks (a whole number of blocks)."""
+    if fmt == "bf16":
+        return values, "bf16"
+    check_kv_format(fmt, values)
+    return row_bytes(fmt, values), "uint8"
+
+
+def pack_kv_rows(rows: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The stored form of cache rows [T, width]: bf16 as they are, or q8_0 blocks along each row (uint8)."""
+    if fmt == "bf16":
+        return rows.to(torch.bfloat16)
+    check_kv_format(fmt, int(rows.shape[-1]))
+    return quantize(rows.reshape(-1, rows.shape[-1]), fmt).data.reshape(*rows.shape[:-1], -1)
+
+
+def kv_values(stored: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The bf16 values attention computes with, from stored cache rows: the rows, or their q8_0 blocks dequantized
+    and rounded once to bf16."""
+    if fmt == "bf16":
+        return stored
+    check_kv_format(fmt)
+    return dequantize_packed(stored, fmt, GGUF_BLOCK).to(torch.bfloat16)
+
+
+def kv_deployed(rows: torch.Tensor, fmt: str) -> torch.Tensor:
+    """What a cache of ``fmt`` gives back for rows written into it (the oracle's K and V under that cache), in the
+    rows' own dtype: the rows themselves for bf16."""
+    if fmt == "bf16":
+        return rows
+    return kv_values(pack_kv_rows(rows, fmt), fmt).to(rows.dtype)

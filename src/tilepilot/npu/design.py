@@ -338,6 +338,9 @@ class TileKernel:
     ``variant``: 'vector' (MMUL / vector unit), 'scalar' (scalar core rate), 'bfp16' (block-FP16 MMUL).
     ``macs_per_call`` and ``vector_ops_per_call`` (non-MAC element operations, e.g. adds, exp) and
     ``bytes_per_call`` (bytes the core touches in L1 per call) are what the timing model reads.
+    ``borrowed_ops``: (family, vector ops per call) of arithmetic that is another family's inner loop (attention
+    decoding a q8_0 KV block is the quantized GEMV's block decode), timed at that family's efficiency, as a fused
+    prologue is timed at its own family's.
     """
 
     name: str
@@ -347,6 +350,7 @@ class TileKernel:
     vector_ops_per_call: int = 0
     bytes_per_call: int = 0
     params: Mapping[str, Any] = field(default_factory=dict)
+    borrowed_ops: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.variant not in ("vector", "scalar", "bfp16"):

@@ -195,6 +195,7 @@ class _Worker:
     iterations: int
     calls_per_iteration: int
     acquires: tuple[tuple[str, int], ...]
+    borrowed_ops: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,7 @@ def structure(design: Design) -> Structure:
             int(w.iterations),
             int(w.calls_per_iteration),
             tuple(sorted(w.acquires_per_iteration().items())),
+            tuple(w.kernel.borrowed_ops),
         )
         for w in design.workers
     )
@@ -386,6 +388,7 @@ class _WorkerProfile:
     dma_out: float
     serial: float
     double_buffered: bool
+    borrowed_ops: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -548,6 +551,15 @@ def compute_cycles_per_call(
     return work + cal.loop_overhead_cycles
 
 
+def borrowed_cycles(vector_ops: int, family: str, variant: str, cal: Calibration) -> float:
+    """Core cycles of ``vector_ops`` that are ``family``'s inner loop inside another family's kernel
+    (``TileKernel.borrowed_ops``), at that family's efficiency (scalar kernels at the scalar rate); no loop overhead of
+    their own: they run inside the host kernel's call."""
+    if variant == "scalar":
+        return vector_ops / cal.scalar_ops_per_cycle
+    return vector_ops / (cal.vector_ops_per_cycle * cal.efficiency(family))
+
+
 def busiest_channel(loads: Sequence[float], channels: int) -> float:
     """Largest per-channel load when transfers (each on one channel) are spread over ``channels`` (LPT). Loads are
     non-negative; no more loads than channels is each on its own channel (the LPT result, without the loop: the
@@ -592,6 +604,7 @@ def _worker_profile(w: _Worker, fifos: dict[str, _Fifo], dev: Device) -> _Worker
         dma_out,
         serial,
         all(fifos[f].depth >= 2 for f in w.inputs + w.outputs),
+        w.borrowed_ops,
     )
 
 
@@ -602,6 +615,7 @@ def _time_worker(
     compute = compute_cycles_per_call(
         w.variant, w.macs_per_call, w.vector_ops_per_call, w.bytes_per_call, family, dev, cal
     )
+    compute += sum(borrowed_cycles(ops, fam, w.variant, cal) for fam, ops in w.borrowed_ops)
     dma_in, dma_out, serial = w.dma_in, w.dma_out, w.serial
     call = max(compute + serial, dma_in, dma_out)
     bound = "compute" if compute + serial >= max(dma_in, dma_out) and compute >= serial else "dma"

@@ -4,11 +4,17 @@ Keys are stored after RoPE (as every runtime stores them), so a decode step only
 token. Buffers grow by doubling instead of being sized for ``max_positions`` (131072 for Llama-3.2
 would be gigabytes), and a forward pass commits its tokens only after every layer has written them,
 so a pass that raises leaves the cache as it was.
+
+``fmt`` (``model.quant.KV_FORMATS``): the cache format of the deployment; under "q8_0" every K and V row goes
+through its Q8_0 blocks and back (``model.quant.kv_deployed``) as it is written, so the oracle runs the model
+being deployed, cache included.
 """
 
 from __future__ import annotations
 
 import torch
+
+from tilepilot.model.quant import check_kv_format, kv_deployed
 
 _INITIAL_CAPACITY = 64
 
@@ -16,7 +22,9 @@ _INITIAL_CAPACITY = 64
 class KVCache:
     """Per-layer FP32 K and V of shape [capacity, n_kv_heads, head_dim]; ``length`` rows are valid."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int):
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, fmt: str = "bf16"):
+        check_kv_format(fmt, None if fmt == "bf16" else head_dim)
+        self.fmt = fmt
         self.n_layers = n_layers
         self.n_kv_heads = n_kv_heads
         self.head_dim = head_dim
@@ -44,6 +52,9 @@ class KVCache:
         t = k.shape[0]
         end = self.length + t
         self._reserve(layer, end)
+        if self.fmt != "bf16":  # rows of heads: Q8_0 blocks never cross a head, so K and V quantize apart
+            k = kv_deployed(k.reshape(t, -1), self.fmt).reshape(k.shape)
+            v = kv_deployed(v.reshape(t, -1), self.fmt).reshape(v.shape)
         self._k[layer][self.length : end] = k
         self._v[layer][self.length : end] = v
         return self._k[layer][:end], self._v[layer][:end]

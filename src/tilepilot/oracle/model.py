@@ -74,13 +74,13 @@ def _to_fp32_layer(w: LayerWeights) -> LayerWeights:
 class Oracle:
     """FP32 reference forward of a decoder-only model with an FP32 KV cache."""
 
-    def __init__(self, weights: WeightSource, *, cache_fp32: bool | None = None):
+    def __init__(self, weights: WeightSource, *, cache_fp32: bool | None = None, kv_cache: str = "bf16"):
         self.weights = weights
         self.spec: ModelSpec = weights.spec
         fp32_bytes = self.spec.n_params * 4
         self.cache_fp32 = fp32_bytes < FP32_CACHE_LIMIT_BYTES if cache_fp32 is None else bool(cache_fp32)
         self._inv_freq = inv_freq_for(self.spec)
-        self._kv = KVCache(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim)
+        self._kv = KVCache(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, kv_cache)
         self._layers: dict[int, LayerWeights] = {}
         self._head: torch.Tensor | None = None
         # Uncached path: FP32 staging buffers reused by every layer and every call (one layer + one head chunk).

@@ -37,7 +37,7 @@ from tilepilot.model.graph import block_graph, weight_shape
 from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, check_plan, npu_family, with_weights
+from tilepilot.plan.plan import KV_TEMPLATE_ROWS, DeploymentPlan, apply_kv_cache, check_plan, npu_family, with_weights
 from tilepilot.plan.resident import fit_resident
 
 # Distance between readback templates of the windowed fused decode: 256 positions = 4 key blocks of the attention
@@ -67,7 +67,7 @@ def fused_stage(plan: DeploymentPlan, stage: str = "decode") -> DeploymentPlan |
     st.one_dispatch = True
     st.join()
     st.kv_windows = [min(KV_TEMPLATE_ROWS, spec.max_positions)]
-    return new
+    return apply_kv_cache(new)
 
 
 def window_ladder(largest: int, step: int = KV_WINDOW_STEP) -> list[int]:

@@ -74,6 +74,10 @@ MERGED_KIND = {"gemv": "linear", "qgemv": "linear", "rope": "rope", "bias": "bia
 # read (``[q_proj, k_proj, v_proj, attn_norm]``: every worker normalizes x first), the residual add of its output
 # (``[o_proj, resid1]``) or the SwiGLU of its two outputs (``[gate_proj, up_proj, ffn_norm, swiglu]``)
 FOLD_FAMILIES = ("qgemv", "gemv")
+# Config fields that describe the data a launch reads rather than its tiling (a packed projection's weight format, the
+# KV cache's format): the plan's number formats set them (``with_weights``, ``apply_kv_cache``) and every
+# reconfiguration (a debug skill's reset, a candidate config) keeps them.
+DATA_FIELDS = ("fmt", "block", "kv_format")
 
 
 @dataclass
@@ -357,6 +361,8 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                         problems.append(f"{where} op {c.op} uses family {c.family!r}; it must be one of {allowed}")
                     if c.family in QUANT_FAMILIES and not wf.quantized:
                         problems.append(f"{where} op {c.op} uses {c.family} but the plan's weights are bf16")
+                    if g.where == "npu" and node.kind in ("kv_write", "attention"):
+                        problems += _kv_cache_problems(where, c, node.kind, wf.kv_cache)
                     if not isinstance(c.config, dict):
                         problems.append(f"{where} op {c.op} has a non-object config")
                 problems += merge_problems(g, graph, where)
@@ -502,6 +508,19 @@ def _normed_rope_problems(what: str, g: KernelGroup, m: list[str], nodes: list, 
     return problems
 
 
+def _kv_cache_problems(where: str, c: KernelCall, kind: str, fmt: str) -> list[str]:
+    """Why an NPU KV-cache op does not match the plan's cache format (``apply_kv_cache`` makes them match)."""
+    if kind == "kv_write" and (c.family == "kvquant") != (fmt != "bf16"):
+        want = KV_FAMILY if fmt == "bf16" else "kvquant"
+        return [f"{where} op {c.op} writes a {fmt} KV cache with family {c.family!r}; use {want!r} (apply_kv_cache)"]
+    if kind == "attention" and c.config.get("kv_format", "bf16") != fmt:
+        return [
+            f"{where} op {c.op} reads a {c.config.get('kv_format', 'bf16')} KV cache but the plan's is {fmt}; "
+            "set its config kv_format (apply_kv_cache)"
+        ]
+    return []
+
+
 def check_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> None:
     """Raise ConfigError listing the plan's problems, if any."""
     problems = validate_plan(plan, spec)
@@ -536,4 +555,28 @@ def with_weights(plan: DeploymentPlan, fmt: WeightFormat, packed_prefill: bool =
                 c.family, c.config = "lm_head", {}
     if fmt.quantized:
         out.notes.append(f"weights {fmt.format} (block {fmt.block}); bf16: {', '.join(fmt.bf16_tensors)}")
-    return out
+    if fmt.kv_cache != "bf16":
+        out.notes.append(f"KV cache {fmt.kv_cache}")
+    return apply_kv_cache(out)
+
+
+def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
+    """``plan`` (changed in place) with its NPU KV-cache ops matching its KV-cache format (``WeightFormat.kv_cache``):
+    a q8_0 cache's writes are ``kvquant`` launches and its attention launches read q8_0 rows (config ``kv_format``);
+    a bf16 cache's writes are the producers' drains. Every change that moves ops onto the NPU calls it, so a plan
+    never reads a cache in another format than it writes."""
+    fmt = plan.weight_format().kv_cache
+    graph = block_graph(plan.model_spec())
+    for stage in STAGES:
+        for g in plan.stage(stage).groups():
+            if g.where != "npu":
+                continue
+            for c in g.calls:
+                kind = graph.node(c.op).kind
+                if kind == "kv_write":
+                    c.family = KV_FAMILY if fmt == "bf16" else "kvquant"
+                elif kind == "attention" and fmt == "bf16":
+                    c.config.pop("kv_format", None)
+                elif kind == "attention":
+                    c.config["kv_format"] = fmt
+    return plan

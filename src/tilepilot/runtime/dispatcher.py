@@ -29,7 +29,7 @@ from tilepilot.kernels.bind import (
     make_config,
     merged_launch,
 )
-from tilepilot.model.graph import KV_STATE, BlockGraph, OpNode, weight_shape
+from tilepilot.model.graph import KV_FAMILY, KV_STATE, BlockGraph, OpNode, weight_shape
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import MultiLaunchGroup
@@ -377,7 +377,7 @@ class Dispatcher:
         served = {o for m in g.merged for o in m[1:]}  # computed by their run's first op's launch
         kept: list[Any] = []
         for call, node in zip(g.calls, nodes, strict=True):
-            if node.kind == "kv_write":
+            if node.kind == "kv_write" and call.family == KV_FAMILY:  # a bf16 cache: the producers' drains write it
                 calls.append((node, None, None))
                 continue
             if call.op in served:
@@ -428,8 +428,10 @@ class Dispatcher:
         for node, bound, design in prep.calls:
             if node.kind == "kv_write":
                 k, v = value(node.inputs[0]), value(node.inputs[1])
-                if not p.dry:
+                if not p.dry and bound is None:
                     kv.cache.write(layer, k, v)
+                elif not p.dry:  # a q8_0 cache: the kvquant launch's packed rows
+                    kv.cache.write_stored(layer, bound.run(design, {"_in": [k, v], "_w": ()}, self.spec))
                 kv.side[layer] = "npu"
                 internal[KV_STATE] = k
                 continue
@@ -498,7 +500,8 @@ class Dispatcher:
         """Attention on ``side`` needs this pass's new K/V rows there: account the crossing if any."""
         wrote = kv.side.get(layer, side)
         if wrote != side:
-            nbytes = 2 * p.rows * self.spec.kv_dim * 2
+            row = kv.cache.row_width * kv.cache.dtype.itemsize if kv.cache is not None else 4 * self.spec.kv_dim
+            nbytes = p.rows * row
             self.pool.transfer(f"kv_cache.layer{layer}", "to_device" if side == "npu" else "from_device", nbytes)
 
     def _host_transposes(self, g: KernelGroup, p: Pass) -> None:

@@ -117,7 +117,13 @@ class NpuRunner:
         self.max_context = min(self.spec.max_positions, max_context or self.spec.max_positions)
         self._load(weights)
         self.load_s = self.pool.stats.modeled_s  # modeled one-time uploads of preloaded weights
-        self.cache = KVCache(self.spec.n_layers, self.spec.kv_dim, self.max_context, device="meta" if dry else "cpu")
+        self.cache = KVCache(
+            self.spec.n_layers,
+            self.spec.kv_dim,
+            self.max_context,
+            device="meta" if dry else "cpu",
+            fmt=plan.weight_format().kv_cache,
+        )
         self.rope = RopeTables(self.spec)
         self.workspace: Workspace | None = None  # set by ``open``
         self._tokenizer: Tokenizer | None = None

@@ -171,7 +171,7 @@ class DeployContext:
                 raise WorkspaceError(f"{out} exists and is not empty; choose a new --out directory")
             ws = ws_mod.make_workspace(model_dir, "default", out, overwrite=False)
             fmt = fmt or WeightFormat()
-            if fmt.quantized:
+            if fmt.quantized or fmt.kv_cache != "bf16":
                 ws.plan = with_weights(ws.plan, fmt)
             ws.extra[WEIGHTS_KEY] = weights_record(fmt, ws.model_dir, spec)
             ws.save()

@@ -227,9 +227,10 @@ def measure(root: Path, seed: int, greedy_steps: int = 32) -> dict[str, Any]:
 
     # 2. the model gate on fresh prompts, against an oracle built here
     # scored along the production continuation: one oracle pass instead of one per greedy token (same verdict)
-    ref = oracle_reference(Oracle(weights), a, b, greedy_steps, along=prod["tokens"])
+    kv_cache = plan.weight_format().kv_cache  # the oracle runs the deployed model, its KV-cache format included
+    ref = oracle_reference(Oracle(weights, kv_cache=kv_cache), a, b, greedy_steps, along=prod["tokens"])
     m, ev = compare_model(ref, prod, lm_head_ranges(plan, spec))
-    km, kev = kl_measurements(oracle_teacher_forced(Oracle(weights), kl_text, n), kl_test)
+    km, kev = kl_measurements(oracle_teacher_forced(Oracle(weights, kv_cache=kv_cache), kl_text, n), kl_test)
     m.update(km)
     report = model_gate_thresholds().evaluate(m)
     out["gate"] = report.to_dict()

@@ -63,12 +63,14 @@ class ModelReference:
 
     @cached_property
     def oracle(self) -> Oracle:
-        return Oracle(self.weights)
+        return Oracle(self.weights, kv_cache=self.format.kv_cache)
 
     @cached_property
     def source_oracle(self) -> Oracle:
-        """The FP32 oracle of the bf16 checkpoint (the deployed oracle itself when nothing is packed)."""
-        return self.oracle if not self.format.quantized else Oracle(self.checkpoint)
+        """The FP32 oracle of the bf16 checkpoint with a bf16 KV cache (the deployed oracle itself when nothing is
+        packed or quantized)."""
+        original = not self.format.quantized and self.format.kv_cache == "bf16"
+        return self.oracle if original else Oracle(self.checkpoint)
 
     @cached_property
     def tokenizer(self) -> Tokenizer | None:

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tilepilot.errors import InputError
+from tilepilot.errors import ConfigError, InputError
 from tilepilot.model.quant import (
     DEFAULT_BF16_TENSORS,
     FORMATS,
@@ -22,6 +22,7 @@ from tilepilot.model.quant import (
     LINEAR_FIELDS,
     QuantizedWeights,
     WeightFormat,
+    check_kv_format,
 )
 from tilepilot.model.spec import ModelSpec
 from tilepilot.model.stored_blocks import StoredBlocks
@@ -65,6 +66,10 @@ def check_format(fmt: WeightFormat, spec: ModelSpec) -> None:
     format has no use for, and a block format that would pack nothing."""
     if fmt.format not in FORMATS:
         raise InputError(f"--weights {fmt.format!r} is not a weight format; use one of {', '.join(FORMATS)}")
+    try:
+        check_kv_format(fmt.kv_cache, spec.head_dim)
+    except ConfigError as e:
+        raise InputError(f"--kv-cache {fmt.kv_cache}: {e}") from None
     if not fmt.quantized:  # the CLI refuses an explicit --block already; this catches what differs from the default
         check_block_options(fmt.format, fmt.block != GGUF_BLOCK, fmt.bf16_tensors != DEFAULT_BF16_TENSORS)
     if fmt.quantized and (fmt.block < 2 or fmt.block % 2):
@@ -139,6 +144,7 @@ def packed_digest(weights) -> str | None:
 
 def describe(rec: dict[str, Any] | None) -> str:
     """One phrase for a recorded format, e.g. 'q4_1 (block 32, gguf blocks as stored)'."""
+    kv = f", KV cache {rec['kv_cache']}" if rec and rec.get("kv_cache", "bf16") != "bf16" else ""
     if not rec or rec.get("format", "bf16") == "bf16":
-        return "bf16"
-    return f"{rec['format']} (block {rec.get('block')}, {rec.get('packing', 'packing not recorded')})"
+        return "bf16" + kv
+    return f"{rec['format']} (block {rec.get('block')}, {rec.get('packing', 'packing not recorded')}){kv}"

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from tilepilot.harness.probes import CallRef, Probe, call_shape, config_for, probe, probe_plan, stage_rows
 from tilepilot.kernels import rowwise
 from tilepilot.kernels.bind import family_module
+from tilepilot.plan.plan import DATA_FIELDS
 from tilepilot.skills.base import DebugSkill, SkillInput, SkillResult
 from tilepilot.skills.optimize.common import clone
 from tilepilot.skills.optimize.kernels import legal_at, set_config, sizes_for
@@ -85,8 +86,10 @@ def candidates(spec, call: CallRef, rows: int, context: int) -> list[dict[str, A
     except Exception:
         pass
     current = call.config_dict
+    data = {k: v for k, v in current.items() if k in DATA_FIELDS}  # the data's format is never reconfigured
     seen, uniq = set(), []
     for c in out:
+        c = {**c, **data}
         key = tuple(sorted(c.items()))
         if key not in seen and c != current and not reduced_fields(c):
             seen.add(key)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tilepilot.harness.probes import Probe, group_checks
-from tilepilot.plan.plan import KernelGroup
+from tilepilot.plan.plan import DATA_FIELDS, KernelGroup
 from tilepilot.skills.base import DebugSkill, SkillResult
 from tilepilot.skills.classify import MERGED_LAUNCH_ARGUMENT_MISMATCH, TILE_MEMORY_OVERFLOW
 from tilepilot.skills.debug.common import WS_INPUT, ReconfigureSkill, resume_commands
@@ -55,7 +55,7 @@ class FixMergedLaunchArguments(DebugSkill):
             for grp in plan.stage(g.stage).block:
                 if grp.name == g.group:
                     for c in _named(grp, g.message) or grp.calls:
-                        kept = {k: v for k, v in c.config.items() if k in FORMAT_FIELDS}
+                        kept = {k: v for k, v in c.config.items() if k in DATA_FIELDS}
                         if c.config != kept:
                             changes.append(f"{g.stage}/{c.op}: config reset to the family default")
                             c.config = kept
@@ -72,10 +72,6 @@ class FixMergedLaunchArguments(DebugSkill):
             return self.result("unrepaired", f"{len(remaining)} group(s) still do not bind", evidence=evidence)
         ctx.save_plan(plan)
         return self.result("repaired", "; ".join(changes), evidence=evidence)
-
-
-# Config fields that describe the data rather than the tiling (a packed projection's weight format): a reset keeps them.
-FORMAT_FIELDS = ("fmt", "block")
 
 
 def _named(grp: KernelGroup, message: str) -> list:

@@ -370,6 +370,7 @@ class _Failed:
     its own order, after the proposals of the alternatives before it, however many workers fitted them (a worker's
     exception would otherwise surface when the map returns, before any proposal is tried)."""
 
+
 # Refits when a fitted config breaks a group's launch bindings (``harness.probes.group_checks``, which the plan layer's
 # fit cannot run): each round forbids the changed configs of the ops a failing check names (``op.tensor`` in its
 # message; every changed op of the group when it names none), then keeps those ops' configs as they were.

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from tilepilot.model.graph import block_graph
 from tilepilot.plan.builtin import npu_family
+from tilepilot.plan.plan import apply_kv_cache
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -34,7 +35,7 @@ def _to_npu(plan, stage: str, kinds: tuple[str, ...]):
             c.family = npu_family(graph.node(c.op), stage)
             c.config = {}
         moved.append(g.name)
-    return (new, moved) if moved else (None, [])
+    return (apply_kv_cache(new), moved) if moved else (None, [])
 
 
 class AttentionAndLmHeadOnNpu(PlanOptimization):

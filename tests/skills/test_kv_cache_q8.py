@@ -1,0 +1,103 @@
+"""A q8_0 KV cache in a plan and a run (``WeightFormat.kv_cache``, ``deploy --kv-cache``): the plan's NPU cache
+writes are ``kvquant`` launches and its attention launches read q8_0 rows, whatever moves ops onto the NPU later; a
+plan that reads its cache in another format than it writes is refused by its validation; the runner computes what
+the oracle of the deployed model (its own K and V through the same blocks) computes, in half the cache bytes, and
+not what a bf16 cache computes; debug reconfigurations keep the cache format."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import torch
+
+from tilepilot.harness.probes import CallRef
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.quant import WeightFormat, deployment_weights
+from tilepilot.oracle.model import Oracle
+from tilepilot.plan.air_q4 import fused_stage
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.merge import merged_stage
+from tilepilot.plan.plan import apply_kv_cache, validate_plan, with_weights
+from tilepilot.runtime.dispatcher import KernelLibrary
+from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
+from tilepilot.skills.debug.common import candidates
+from tilepilot.skills.optimize.placement import _to_npu
+
+IDS = [1, 5, 9, 13, 2, 7, 3]
+
+
+def _calls(plan, kind: str, stage: str = "decode"):
+    return [c for g in plan.stage(stage).groups() if g.where == "npu" for c in g.calls if c.op == kind]
+
+
+def test_the_plan_writes_and_reads_its_cache_in_its_format_whatever_moves_onto_the_npu(tiny_model):
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    plan = with_weights(paper_like_plan(spec), WeightFormat("q4_0", kv_cache="q8_0"))
+    assert validate_plan(plan) == [] and "KV cache q8_0" in plan.notes
+    moved, groups = _to_npu(plan, "decode", ("kv_write", "attention", "rmsnorm"))  # paper-like decode attention: CPU
+    assert groups and validate_plan(moved) == []
+    assert [c.family for c in _calls(moved, "kv_write")] == ["kvquant"]
+    assert [c.config for c in _calls(moved, "attention")] == [{"kv_format": "q8_0"}]
+    fused = fused_stage(plan)  # the one-dispatch decode moves every CPU group too
+    assert [c.family for c in _calls(fused, "kv_write")] == ["kvquant"]
+    # a write or a read in another format is refused by the plan's own validation, and apply_kv_cache mends it
+    bad = copy.deepcopy(moved)
+    _calls(bad, "kv_write")[0].family = "kv_cache"
+    _calls(bad, "attention")[0].config = {}
+    problems = " | ".join(validate_plan(bad))
+    assert "writes a q8_0 KV cache with family 'kv_cache'; use 'kvquant'" in problems
+    assert "reads a bf16 KV cache but the plan's is q8_0" in problems
+    assert validate_plan(apply_kv_cache(bad)) == []
+    back = with_weights(moved, WeightFormat("q4_0"))  # and back to a bf16 cache: the producers' drains write it
+    assert validate_plan(back) == [] and [c.family for c in _calls(back, "kv_write")] == ["kv_cache"]
+    assert [c.config for c in _calls(back, "attention")] == [{}]
+
+
+def test_a_debug_reconfiguration_keeps_the_cache_format(tiny_model):
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    call = CallRef("decode", "block", "g", "attention", "attention", (("kv_format", "q8_0"),))
+    cands = candidates(spec, call, 1, 64)
+    assert cands and all(c["kv_format"] == "q8_0" for c in cands)
+
+
+def test_the_runner_computes_the_deployed_models_logits_in_half_the_cache_bytes(tiny_model):
+    ck = load_checkpoint(tiny_model("llama", layers=2))
+    out = {}
+    for kv in ("bf16", "q8_0"):
+        fmt = WeightFormat("q4_0", kv_cache=kv)
+        plan, _ = _to_npu(with_weights(paper_like_plan(ck.spec), fmt), "decode", ("kv_write", "attention", "rmsnorm"))
+        plan = merged_stage(fused_stage(plan))
+        lib = KernelLibrary()
+        weights = deployment_weights(ck, fmt)
+        runner, oracle = NpuRunner(plan, weights, library=lib), Oracle(weights, kv_cache=kv)
+        npu, ref = [runner.prefill(IDS).logits[-1]], [oracle.prefill(IDS).logits[-1]]
+        for _ in range(3):
+            t = int(ref[-1].argmax())
+            npu.append(runner.decode(t).logits[-1])
+            ref.append(oracle.decode(t).logits[-1])
+        for a, b in zip(npu, ref, strict=True):
+            assert torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0) > 0.9999
+        one = lib.timed_dispatches(one_dispatch_name("decode"))[-1]
+        out[kv] = (npu, ref, runner.cache.nbytes(), [d.name.split("_")[0] for d in one.designs])
+    assert out["q8_0"][2] * 64 == out["bf16"][2] * 34
+    assert out["q8_0"][3].count("kvquant") == ck.spec.n_layers and "kvquant" not in out["bf16"][3]
+    # the cache really is quantized: the decode steps' logits move (prefill attends to its own rows in both)
+    assert not torch.equal(out["q8_0"][1][-1], out["bf16"][1][-1])
+    assert not torch.equal(out["q8_0"][0][-1], out["bf16"][0][-1])
+
+
+def test_a_cpu_attention_reads_the_decoded_rows(tiny_model):
+    """The paper-like plan keeps decode attention on the CPU: the host writes the q8_0 rows itself and reads them
+    decoded, so the CPU path computes the same model."""
+    ck = load_checkpoint(tiny_model("llama", layers=1))
+    fmt = WeightFormat("bf16", kv_cache="q8_0")
+    plan = with_weights(paper_like_plan(ck.spec), fmt)
+    assert any(g.where == "cpu" for g in plan.decode.groups())
+    runner, oracle = NpuRunner(plan, ck), Oracle(ck, kv_cache="q8_0")
+    runner.prefill(IDS)
+    oracle.prefill(IDS)
+    a, b = runner.decode(4).logits[-1], oracle.decode(4).logits[-1]
+    assert torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0) > 0.9999
+    assert runner.cache.packed(0, len(IDS) + 1).dtype == torch.uint8
+    assert replace(fmt, kv_cache="fp8").problems() == ["weights.kv_cache is 'fp8'; use one of ('bf16', 'q8_0')"]
