@@ -71,8 +71,10 @@ FORMATS = (
     ("bf16", WeightFormat("bf16")),
     *((f, WeightFormat(f)) for f in QUANT_FORMATS),
     *((f"{f}+head", WeightFormat(f, bf16_tensors=("embed",))) for f in ("q4_0", "q4_1")),
-    # and with a q8_0 KV cache (``deploy --kv-cache q8_0``): the decode step reads back about half the cache bytes
+    # and with a q8_0 KV cache (``deploy --kv-cache q8_0``): the decode step reads back about half the cache bytes;
+    # q4_0 with a q4_0 cache too (about 28 %)
     *((f"{f}+head+kv8", WeightFormat(f, bf16_tensors=("embed",), kv_cache="q8_0")) for f in ("q4_0", "q4_1")),
+    ("q4_0+head+kv4", WeightFormat("q4_0", bf16_tensors=("embed",), kv_cache="q4_0")),
 )
 # The decode context both resident fits are compared at (``fit_resident``'s own packing context).
 PACK_CONTEXT = 2048
@@ -319,10 +321,10 @@ def render(data: dict[str, Any]) -> str:
         "timed by the same model: a ratio against it compares two modeled plans, not tilepilot with AIR's silicon "
         "(the model's error on AIR's measured figures is in `docs/calibration.md`). "
         "Embeddings stay bf16 in every quantized plan, and so does the LM head except in the `+head` rows, which pack "
-        "it like the layers (as AIR's Q4NX deployment does). The `+kv8` rows also keep the KV cache as Q8_0 blocks "
-        "(`deploy --kv-cache q8_0`: 34 bytes per 32 values; a `kvquant` launch per layer writes the step's rows, "
-        "attention decodes the blocks it streams); their bound is the same weights-only bound, and their "
-        "quantization error includes the cache's.",
+        "it like the layers (as AIR's Q4NX deployment does). The `+kv8` (`+kv4`) rows also keep the KV cache as Q8_0 "
+        "(Q4_0) blocks (`deploy --kv-cache q8_0|q4_0`: 34 (18) bytes per 32 values; a `kvquant` launch per layer "
+        "writes the step's rows, attention decodes the blocks it streams); their bound is the same weights-only "
+        "bound, and their quantization error includes the cache's.",
         "",
         "Quantization error (trained SmolLM2-135M only; `harness/quant_quality.py`, measured on the host, not a gate): "
         "teacher-forced KL(original || deployment) mean and top-1 agreement over the shipped real text, the "

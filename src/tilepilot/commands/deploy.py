@@ -95,8 +95,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="FORMAT",
         help=(
-            "how the KV cache stores K and V: bf16 (default), or q8_0 (GGUF Q8_0 blocks of 32: about half the bytes "
-            "every decode step reads back, written by a quantizing launch; llama.cpp's --cache-type-k/v q8_0). The "
+            "how the KV cache stores K and V: bf16 (default), q8_0 (GGUF Q8_0 blocks of 32: about half the bytes "
+            "every decode step reads back) or q4_0 (Q4_0 blocks: about 28 %, less accurate), written by a quantizing "
+            "launch (llama.cpp's --cache-type-k/v). The "
             "oracle quantizes its own K and V the same way, so the gates compare the NPU with the model deployed; "
             "the error against a bf16 cache is reported apart. On --resume: the recorded one"
         ),
@@ -198,8 +199,9 @@ def weight_args(args) -> tuple[str | None, int, tuple[str, ...]]:
     it is imported: ``weight_format`` checks that case)."""
     if args.weights is not None and args.weights not in FORMATS:
         raise InputError(f"--weights {args.weights!r} is not a weight format; use one of {', '.join(FORMATS)}")
-    if args.kv_cache is not None and args.kv_cache not in KV_FORMATS:
-        raise InputError(f"--kv-cache {args.kv_cache!r} is not a KV-cache format; use one of {', '.join(KV_FORMATS)}")
+    kv = getattr(args, "kv_cache", None)  # a Namespace built by code may not name it
+    if kv is not None and kv not in KV_FORMATS:
+        raise InputError(f"--kv-cache {kv!r} is not a KV-cache format; use one of {', '.join(KV_FORMATS)}")
     try:
         block = GGUF_BLOCK if args.block is None else int(args.block)
     except ValueError:
@@ -215,14 +217,15 @@ def weight_format(args, model_dir: Path) -> WeightFormat | None:
     """The format to deploy (None on a resume that names none: the recorded one). Without --weights: a GGUF
     input's own block format when every projection shares one (its blocks then deploy as stored), else bf16."""
     name, block, keep = weight_args(args)
-    if name is None and args.block is None and not keep and args.kv_cache is None and args.resume:
+    kv = getattr(args, "kv_cache", None)
+    if name is None and args.block is None and not keep and kv is None and args.resume:
         return None
     if name is None:
         own = stored_format(model_dir, load_spec(model_dir)) if is_gguf_input(args.model_dir) else None
         name = own or "bf16"
     # an explicit --block is told apart from the default here (WeightFormat holds 32 either way)
     check_block_options(name, args.block is not None, bool(keep))
-    fmt = WeightFormat(name, block, (*DEFAULT_BF16_TENSORS, *keep), args.kv_cache or "bf16")
+    fmt = WeightFormat(name, block, (*DEFAULT_BF16_TENSORS, *keep), kv or "bf16")
     if fmt.kv_cache != "bf16":  # before the deployment starts: the heads must fit the cache's blocks
         try:
             check_kv_format(fmt.kv_cache, load_spec(model_dir).head_dim)

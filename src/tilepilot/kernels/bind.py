@@ -486,7 +486,7 @@ def _attention_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
 
 # ---- the KV-cache write of a q8_0 cache: the step's [k | v] rows quantized by a launch (``kernels/kvquant.py``) ------
 def _kvquant_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
-    return family_module("kvquant").Shape(rows=rows, width=node.width)
+    return family_module("kvquant").Shape(rows=rows, width=node.width, kv_format=config.get("kv_format", "q8_0"))
 
 
 def _kvquant_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:

@@ -1,20 +1,21 @@
-"""The KV-cache write of a q8_0 cache: new [k | v] rows in bf16 in, their q8_0 blocks out, into the cache rows.
+"""The KV-cache write of a quantized cache: new [k | v] rows in bf16 in, their q8_0 (or q4_0) blocks out.
 
-A bf16 cache needs no kernel (the producers' drains land in the cache buffer, ``model/graph.py``); a q8_0 cache
-(``model.quant.KV_FORMATS``) stores each row as GGUF Q8_0 blocks of 32 values (fp16 scale, 32 int8 codes), so
-someone has to compute the scales and codes: this launch, one per layer and pass, streaming rows through the
-row-wise dataflow (``kernels/_stream.py``): x is the step's K rows (after RoPE) and V rows side by side, exactly the
-row the cache holds, and each call writes the packed bytes of its rows.
+A bf16 cache needs no kernel (the producers' drains land in the cache buffer, ``model/graph.py``); a quantized cache
+(``model.quant.KV_FORMATS``) stores each row as GGUF blocks of 32 values (Q8_0: fp16 scale, 32 int8 codes; Q4_0:
+fp16 scale, 16 bytes of nibbles), so someone has to compute the scales and codes: this launch, one per layer and
+pass, streaming rows through the row-wise dataflow (``kernels/_stream.py``): x is the step's K rows (after RoPE) and
+V rows side by side, exactly the row the cache holds, and each call writes the packed bytes of its rows.
 
-Numerics: the quantizer of ``model.quant.pack_kv_rows`` (per block: the value of largest magnitude over 127,
-rounded to fp16, then each value over it rounded to the nearest int8), bf16 in, exact; the fast path is the same
-function, so production == exact. What attention later computes with is the blocks decoded and rounded once to bf16
-(``kernels/attention.py``), which is what the oracle's own K and V go through under this cache.
+Numerics: the quantizer of ``model.quant.pack_kv_rows`` (per Q8_0 block: the value of largest magnitude over 127,
+rounded to fp16, then each value over it rounded to the nearest int8; Q4_0 as llama.cpp's), bf16 in, exact; the
+fast path is the same function, so production == exact. What attention later computes with is the blocks decoded
+and rounded once to bf16 (``kernels/attention.py``), which is what the oracle's own K and V go through under this
+cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,7 +45,10 @@ class Shape:
 
 @dataclass(frozen=True)
 class Config(rw.RowConfig):
-    """Rows streamed through ``tiles`` workers (``rowwise.RowConfig``)."""
+    """Rows streamed through ``tiles`` workers (``rowwise.RowConfig``). ``kv_format``: the cache's format, data
+    rather than tiling (the plan sets it, every candidate carries the shape's)."""
+
+    kv_format: str = "q8_0"
 
 
 def packed_width(shape: Shape) -> int:
@@ -85,6 +89,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     _check_shape(shape)
     config = config or default_config(shape, device)
     rw.check_choice(FAMILY, "variant", config.variant, VARIANTS)
+    if config.kv_format != shape.kv_format:
+        raise st.shape_error(FAMILY, f"the config writes a {config.kv_format} cache but the cache is {shape.kv_format}")
     pw = packed_width(shape)
     design = st.build(
         name=f"kvquant_{shape.rows}x{shape.width}_{shape.kv_format}",
@@ -121,9 +127,16 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
-    return rw.row_candidates(shape.rows, device or npu2(), lambda c: l1_bytes(shape, c), Config)
+    cands = rw.row_candidates(shape.rows, device or npu2(), lambda c: l1_bytes(shape, c), Config)
+    return [replace(c, kv_format=shape.kv_format) for c in cands]
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:
     why = f"no KV-quantize tiling fits {shape}; one row does not fit tile memory"
     return rw.first_candidate(FAMILY, candidate_configs(shape, device), why)
+
+
+def complete_config(shape: Shape, partial: dict, device: Device | None = None) -> Config:
+    """A plan's config naming only the cache format (``plan.apply_kv_cache``) completed by the default tiling for
+    the shape, so one plan serves a prompt and a decode step."""
+    return replace(default_config(shape, device), **partial)

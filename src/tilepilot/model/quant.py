@@ -33,7 +33,7 @@ from tilepilot.model.weights import LAYER_TENSOR_NAMES
 FORMATS = ("bf16", "q4_0", "q4_1", "q8_0")
 QUANT_FORMATS = ("q4_0", "q4_1", "q8_0")
 GGUF_BLOCK = 32
-KV_FORMATS = ("bf16", "q8_0")  # KV-cache formats (see ``pack_kv_rows`` at the end)
+KV_FORMATS = ("bf16", "q8_0", "q4_0")  # KV-cache formats (see ``pack_kv_rows`` at the end)
 # Tensors kept in bf16 by default in a quantized deployment (the user may override): the embedding table is
 # a row gather, not a GEMV, and the LM head decides every token (AIR's Q4NX keeps its head in bf16).
 DEFAULT_BF16_TENSORS = ("embed", "lm_head")
@@ -416,9 +416,11 @@ def deployment_weights(source, fmt: WeightFormat | dict | None, stored: Mapping[
 # blocks), each stored as GGUF's Q8_0 block (fp16 scale, 32 int8 codes: 34 bytes for 64 of bf16), as llama.cpp's
 # ``--cache-type-k/v q8_0``. Attention computes with the dequantized values rounded once to bf16, as the quantized
 # GEMV does with its weights, and the oracle quantizes its own K and V the same way: a q8_0 cache is part of the
-# model being deployed, and its error against a bf16 cache is reported, not hidden in a gate.
+# model being deployed, and its error against a bf16 cache is reported, not hidden in a gate. "q4_0" is the same with
+# Q4_0 blocks (18 bytes per 32 values; llama.cpp's ``--cache-type-k/v q4_0``): less to read back, more error.
 def check_kv_format(fmt: str, width: int | None = None) -> None:
-    """One sentence naming a KV-cache format this code cannot store, or a row width q8_0 cannot block."""
+    """One sentence naming a KV-cache format this code cannot store, or a head width its blocks cannot hold in whole
+    32-bit words (the DMA's unit)."""
     if fmt not in KV_FORMATS:
         raise ConfigError(f"KV-cache format {fmt!r} is unknown; use one of {KV_FORMATS}")
     if fmt != "bf16" and width is not None and (width % GGUF_BLOCK or row_bytes(fmt, width) % 4):
@@ -430,7 +432,7 @@ def check_kv_format(fmt: str, width: int | None = None) -> None:
 
 def kv_unit(fmt: str, values: int) -> tuple[int, str]:
     """(stored elements, their dtype) of ``values`` consecutive cached values: themselves in bf16, or the bytes of
-    their q8_0 blocks (a whole number of blocks)."""
+    their blocks (a whole number of blocks)."""
     if fmt == "bf16":
         return values, "bf16"
     check_kv_format(fmt, values)
@@ -438,7 +440,7 @@ def kv_unit(fmt: str, values: int) -> tuple[int, str]:
 
 
 def pack_kv_rows(rows: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The stored form of cache rows [T, width]: bf16 as they are, or q8_0 blocks along each row (uint8)."""
+    """The stored form of cache rows [T, width]: bf16 as they are, or the format's blocks along each row (uint8)."""
     if fmt == "bf16":
         return rows.to(torch.bfloat16)
     check_kv_format(fmt, int(rows.shape[-1]))
@@ -446,7 +448,7 @@ def pack_kv_rows(rows: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def kv_values(stored: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The bf16 values attention computes with, from stored cache rows: the rows, or their q8_0 blocks dequantized
+    """The bf16 values attention computes with, from stored cache rows: the rows, or their blocks dequantized
     and rounded once to bf16."""
     if fmt == "bf16":
         return stored

@@ -5,8 +5,8 @@ token. Buffers grow by doubling instead of being sized for ``max_positions`` (13
 would be gigabytes), and a forward pass commits its tokens only after every layer has written them,
 so a pass that raises leaves the cache as it was.
 
-``fmt`` (``model.quant.KV_FORMATS``): the cache format of the deployment; under "q8_0" every K and V row goes
-through its Q8_0 blocks and back (``model.quant.kv_deployed``) as it is written, so the oracle runs the model
+``fmt`` (``model.quant.KV_FORMATS``): the cache format of the deployment; under "q8_0" (or "q4_0") every K and V
+row goes through its blocks and back (``model.quant.kv_deployed``) as it is written, so the oracle runs the model
 being deployed, cache included.
 """
 

@@ -513,6 +513,9 @@ def _kv_cache_problems(where: str, c: KernelCall, kind: str, fmt: str) -> list[s
     if kind == "kv_write" and (c.family == "kvquant") != (fmt != "bf16"):
         want = KV_FAMILY if fmt == "bf16" else "kvquant"
         return [f"{where} op {c.op} writes a {fmt} KV cache with family {c.family!r}; use {want!r} (apply_kv_cache)"]
+    if kind == "kv_write" and fmt != "bf16" and c.config.get("kv_format", "q8_0") != fmt:
+        return [f"{where} op {c.op} writes {c.config.get('kv_format', 'q8_0')} blocks into a {fmt} KV cache; set its "
+                "config kv_format (apply_kv_cache)"]  # fmt: skip
     if kind == "attention" and c.config.get("kv_format", "bf16") != fmt:
         return [
             f"{where} op {c.op} reads a {c.config.get('kv_format', 'bf16')} KV cache but the plan's is {fmt}; "
@@ -562,7 +565,8 @@ def with_weights(plan: DeploymentPlan, fmt: WeightFormat, packed_prefill: bool =
 
 def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
     """``plan`` (changed in place) with its NPU KV-cache ops matching its KV-cache format (``WeightFormat.kv_cache``):
-    a q8_0 cache's writes are ``kvquant`` launches and its attention launches read q8_0 rows (config ``kv_format``);
+    a quantized cache's writes are ``kvquant`` launches and its attention launches read its blocks (config
+    ``kv_format``);
     a bf16 cache's writes are the producers' drains. Every change that moves ops onto the NPU calls it, so a plan
     never reads a cache in another format than it writes."""
     fmt = plan.weight_format().kv_cache
@@ -575,8 +579,10 @@ def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
                 kind = graph.node(c.op).kind
                 if kind == "kv_write":
                     c.family = KV_FAMILY if fmt == "bf16" else "kvquant"
-                elif kind == "attention" and fmt == "bf16":
+                if kind not in ("kv_write", "attention"):
+                    continue
+                if fmt == "bf16":
                     c.config.pop("kv_format", None)
-                elif kind == "attention":
+                else:
                     c.config["kv_format"] = fmt
     return plan

@@ -5,8 +5,8 @@ projections (after RoPE on K) write and what the attention family streams, so a 
 and attention reads the cache in place: no transpose, no packing copy. Storage grows by doubling up to
 the model's context so a short chat does not reserve the full context of a 128k-position model.
 
-``fmt`` "q8_0" (``model.quant.KV_FORMATS``) stores each row as Q8_0 blocks of 32 values (uint8, 34 bytes per 32:
-about half a bf16 cache): ``write`` quantizes on the host (a CPU group's write), ``write_stored`` takes rows a
+``fmt`` "q8_0" or "q4_0" (``model.quant.KV_FORMATS``) stores each row as GGUF blocks of 32 values (uint8, 34 or 18
+bytes per 32, against 64 in bf16): ``write`` quantizes on the host (a CPU group's write), ``write_stored`` takes rows a
 ``kvquant`` launch already packed, ``packed`` hands attention the stored rows as they are, and ``keys``/``values``
 decode them (the host attention path).
 """
@@ -37,7 +37,7 @@ class KVCache:
         self.kv_dim = kv_dim
         self.max_positions = max_positions
         self.fmt = fmt
-        # a stored row: [k | v] in ``dtype``, or the uint8 bytes of its q8_0 blocks
+        # a stored row: [k | v] in ``dtype``, or the uint8 bytes of its blocks
         self.row_width = 2 * kv_dim if fmt == "bf16" else kv_unit(fmt, 2 * kv_dim)[0]
         self.dtype = dtype if fmt == "bf16" else torch.uint8
         self.device = torch.device(device)  # "meta" for dry runs: shapes and lengths only, no storage
@@ -100,7 +100,7 @@ class KVCache:
         return kv_values(self._rows[layer][: self.length + n_new], self.fmt)
 
     def keys(self, layer: int, n_new: int = 0) -> torch.Tensor:
-        """K rows ``[0, length + n_new)`` of a layer (a strided view, no copy; decoded rows of a q8_0 cache)."""
+        """K rows ``[0, length + n_new)`` of a layer (a strided view, no copy; decoded rows of a quantized cache)."""
         if self.fmt != "bf16":
             return self._decoded(layer, n_new)[:, : self.kv_dim]
         return self._rows[layer][: self.length + n_new, : self.kv_dim]
@@ -111,9 +111,9 @@ class KVCache:
         return self._rows[layer][: self.length + n_new, self.kv_dim :]
 
     def packed(self, layer: int, rows: int) -> torch.Tensor:
-        """The first ``rows`` packed ``[k | v]`` rows of a layer as stored (bf16, or q8_0 bytes), in place. Rows past
-        the cached positions (a kernel's padding to whole key blocks) hold finite values (zero blocks decode to
-        zeros) and are masked by causality."""
+        """The first ``rows`` packed ``[k | v]`` rows of a layer as stored (bf16, or the blocks' bytes), in place.
+        Rows past the cached positions (a kernel's padding to whole key blocks) hold finite values (zero blocks
+        decode to zeros) and are masked by causality."""
         self._grow(rows, limit=max(rows, self.max_positions))
         return self._rows[layer][:rows]
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
+import pytest
 import torch
 
 from tilepilot.harness.probes import CallRef
 from tilepilot.model.checkpoint import load_checkpoint
-from tilepilot.model.quant import WeightFormat, deployment_weights
+from tilepilot.model.quant import KV_FORMATS, WeightFormat, deployment_weights
 from tilepilot.oracle.model import Oracle
 from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
@@ -61,10 +62,11 @@ def test_a_debug_reconfiguration_keeps_the_cache_format(tiny_model):
     assert cands and all(c["kv_format"] == "q8_0" for c in cands)
 
 
-def test_the_runner_computes_the_deployed_models_logits_in_half_the_cache_bytes(tiny_model):
+@pytest.mark.parametrize(("quantized", "block_bytes"), [("q8_0", 34), ("q4_0", 18)])
+def test_the_runner_computes_the_deployed_models_logits_in_fewer_cache_bytes(tiny_model, quantized, block_bytes):
     ck = load_checkpoint(tiny_model("llama", layers=2))
     out = {}
-    for kv in ("bf16", "q8_0"):
+    for kv in ("bf16", quantized):
         fmt = WeightFormat("q4_0", kv_cache=kv)
         plan, _ = _to_npu(with_weights(paper_like_plan(ck.spec), fmt), "decode", ("kv_write", "attention", "rmsnorm"))
         plan = merged_stage(fused_stage(plan))
@@ -76,15 +78,15 @@ def test_the_runner_computes_the_deployed_models_logits_in_half_the_cache_bytes(
             t = int(ref[-1].argmax())
             npu.append(runner.decode(t).logits[-1])
             ref.append(oracle.decode(t).logits[-1])
-        for a, b in zip(npu, ref, strict=True):
+        for a, b in zip(npu, ref, strict=True):  # the oracle of the deployed model: its K and V through the blocks
             assert torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0) > 0.9999
         one = lib.timed_dispatches(one_dispatch_name("decode"))[-1]
         out[kv] = (npu, ref, runner.cache.nbytes(), [d.name.split("_")[0] for d in one.designs])
-    assert out["q8_0"][2] * 64 == out["bf16"][2] * 34
-    assert out["q8_0"][3].count("kvquant") == ck.spec.n_layers and "kvquant" not in out["bf16"][3]
+    assert out[quantized][2] * 64 == out["bf16"][2] * block_bytes
+    assert out[quantized][3].count("kvquant") == ck.spec.n_layers and "kvquant" not in out["bf16"][3]
     # the cache really is quantized: the decode steps' logits move (prefill attends to its own rows in both)
-    assert not torch.equal(out["q8_0"][1][-1], out["bf16"][1][-1])
-    assert not torch.equal(out["q8_0"][0][-1], out["bf16"][0][-1])
+    assert not torch.equal(out[quantized][1][-1], out["bf16"][1][-1])
+    assert not torch.equal(out[quantized][0][-1], out["bf16"][0][-1])
 
 
 def test_a_cpu_attention_reads_the_decoded_rows(tiny_model):
@@ -100,4 +102,4 @@ def test_a_cpu_attention_reads_the_decoded_rows(tiny_model):
     a, b = runner.decode(4).logits[-1], oracle.decode(4).logits[-1]
     assert torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0) > 0.9999
     assert runner.cache.packed(0, len(IDS) + 1).dtype == torch.uint8
-    assert replace(fmt, kv_cache="fp8").problems() == ["weights.kv_cache is 'fp8'; use one of ('bf16', 'q8_0')"]
+    assert replace(fmt, kv_cache="fp8").problems() == [f"weights.kv_cache is 'fp8'; use one of {KV_FORMATS}"]
