@@ -103,3 +103,21 @@ def test_a_cpu_attention_reads_the_decoded_rows(tiny_model):
     assert torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=0) > 0.9999
     assert runner.cache.packed(0, len(IDS) + 1).dtype == torch.uint8
     assert replace(fmt, kv_cache="fp8").problems() == [f"weights.kv_cache is 'fp8'; use one of {KV_FORMATS}"]
+
+
+def test_the_resident_fit_packs_the_cache_write_launch(tiny_model):
+    """A quantized cache's write is a launch of the resident pass: the fit packs it with the others (a bf16 cache's
+    write is no launch and has no slot)."""
+    from tilepilot.plan.resident import _slots, fit_resident
+
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    for kv, launches in (("bf16", 0), ("q8_0", 1)):
+        plan, _ = _to_npu(
+            with_weights(paper_like_plan(spec), WeightFormat("q4_0", kv_cache=kv)), "decode", ("kv_write", "attention")
+        )
+        plan = merged_stage(fused_stage(plan))
+        assert [s.call.family for s in _slots(plan, spec, 256)].count("kvquant") == launches
+    fitted, _ = fit_resident(plan, spec)
+    assert validate_plan(fitted) == [] and fitted.decode.resident
+    (write,) = _calls(fitted, "kv_write")
+    assert write.family == "kvquant" and write.config["kv_format"] == "q8_0"

@@ -23,7 +23,7 @@ from typing import Any
 from tilepilot.errors import ConfigError, TilepilotError
 from tilepilot.kernels.bind import MergedLaunch, binding, config_key, config_of_key, make_config, merged_launch
 from tilepilot.kernels.registry import family
-from tilepilot.model.graph import OpNode, block_graph
+from tilepilot.model.graph import KV_FAMILY, OpNode, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.design import Design, MultiLaunchGroup
@@ -76,8 +76,8 @@ def _slots(plan: DeploymentPlan, spec: ModelSpec, context: int) -> list[_Slot]:
             served = {o for m in g.merged for o in m[1:]}
             for call in g.calls:
                 node = graph.node(call.op)
-                if node.kind == "kv_write" or call.op in served:
-                    continue
+                if (node.kind == "kv_write" and call.family == KV_FAMILY) or call.op in served:
+                    continue  # a bf16 cache's write is the producers' drain, no launch (a quantized cache's is one)
                 if call.op in merged:
                     shape = _merged_shape(merged_launch(tuple(graph.node(o) for o in merged[call.op])), call, spec)
                 else:
