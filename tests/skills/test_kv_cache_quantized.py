@@ -121,3 +121,19 @@ def test_the_resident_fit_packs_the_cache_write_launch(tiny_model):
     assert validate_plan(fitted) == [] and fitted.decode.resident
     (write,) = _calls(fitted, "kv_write")
     assert write.family == "kvquant" and write.config["kv_format"] == "q8_0"
+
+
+def test_a_resume_that_names_another_cache_format_is_refused(tiny_model, tmp_path):
+    from tilepilot.errors import WorkspaceError
+    from tilepilot.skills.context import DeployContext, Settings
+
+    model, out = tiny_model("llama", layers=1), tmp_path / "ws"
+    ctx = DeployContext.create(model, out, settings=Settings(weights=WeightFormat(kv_cache="q8_0")))
+    assert ctx.plan.weight_format().kv_cache == "q8_0" and [c.family for c in _calls(ctx.plan, "kv_write")] in (
+        [],
+        ["kvquant"],
+    )
+    with pytest.raises(WorkspaceError, match="KV cache q4_0"):
+        DeployContext.create(model, out, resume=True, settings=Settings(weights=WeightFormat(kv_cache="q4_0")))
+    again = DeployContext.create(model, out, resume=True, settings=Settings(weights=None))
+    assert again.plan.weight_format().kv_cache == "q8_0"

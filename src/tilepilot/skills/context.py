@@ -162,9 +162,10 @@ class DeployContext:
                 )
             recorded = ws.plan.weight_format()
             if fmt is not None and fmt != recorded:
+                kv = f", KV cache {fmt.kv_cache}" if fmt.kv_cache != recorded.kv_cache else ""
                 raise WorkspaceError(
                     f"{out} deploys {describe(ws.extra.get(WEIGHTS_KEY))} weights, not {fmt.format} (block "
-                    f"{fmt.block}); resume it without --weights or choose a new --out directory"
+                    f"{fmt.block}{kv}); resume it without --weights and --kv-cache or choose a new --out directory"
                 )
         else:
             if out.exists() and any(out.iterdir()) and not resume:
