@@ -137,3 +137,43 @@ def test_a_resume_that_names_another_cache_format_is_refused(tiny_model, tmp_pat
         DeployContext.create(model, out, resume=True, settings=Settings(weights=WeightFormat(kv_cache="q4_0")))
     again = DeployContext.create(model, out, resume=True, settings=Settings(weights=None))
     assert again.plan.weight_format().kv_cache == "q8_0"
+
+
+def test_the_fused_group_checks_bind_a_quantized_cache_group(tiny_model):
+    """A group holding attention beside other launches is built as one multi-launch group for its binding checks:
+    its attention reads the cache format the call names (the fused shape's tiling left to the default)."""
+    from tilepilot.harness.probes import group_checks
+
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    for kv in ("q8_0", "q4_0"):
+        plan = merged_stage(fused_stage(with_weights(paper_like_plan(spec), WeightFormat("q4_0", kv_cache=kv))))
+        checks = group_checks(plan, spec, 24)
+        assert checks and [c.message for c in checks if not c.ok] == []
+
+
+def test_phase0_checks_the_oracle_code_on_the_original_under_a_quantized_cache(fresh_ctx):
+    """bf16 weights with a q8_0 cache: transformers runs the checkpoint with a bf16 cache, so phase 0 checks the
+    oracle's code on the bf16-cache oracle (the source), and the deployed model's reference is the q8_0 one."""
+    from tilepilot.skills.phases.oracle import BuildCpuOracle
+
+    ctx = fresh_ctx("llama", weights=WeightFormat(kv_cache="q8_0"))
+    assert ctx.model.source_oracle is not ctx.model.oracle
+    result = BuildCpuOracle().run(ctx)
+    assert result.ok, result.summary
+
+
+def test_a_resume_naming_only_the_cache_keeps_the_recorded_weights(tiny_model, tmp_path):
+    import argparse
+
+    from tilepilot.commands.deploy import weight_format
+    from tilepilot.skills.context import DeployContext, Settings
+
+    model, out = tiny_model("llama", layers=1), tmp_path / "ws"
+    recorded = WeightFormat("q4_0", kv_cache="q8_0")
+    DeployContext.create(model, out, settings=Settings(weights=recorded))
+    args = argparse.Namespace(
+        model_dir=str(model), out=out, resume=True, weights=None, block=None, keep_bf16="", kv_cache="q8_0"
+    )
+    assert weight_format(args, model) == recorded  # the recorded q4_0 weights, not a bf16 default
+    args.kv_cache = None
+    assert weight_format(args, model) is None  # nothing named: the recorded format

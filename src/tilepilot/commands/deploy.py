@@ -30,7 +30,7 @@ from tilepilot.model.zoo import get_zoo_model
 from tilepilot.parallel import JOBS_ENV, MAX_DEFAULT_JOBS, default_jobs
 from tilepilot.plan.plan import describe_dispatches
 from tilepilot.runtime.timing import same_model_claims
-from tilepilot.runtime.workspace import load_workspace
+from tilepilot.runtime.workspace import DEPLOYMENT_FILE, load_workspace
 from tilepilot.skills.context import Settings
 from tilepilot.skills.orchestrator import deploy
 from tilepilot.skills.weights import check_block_options, stored_format
@@ -213,13 +213,23 @@ def weight_args(args) -> tuple[str | None, int, tuple[str, ...]]:
     return args.weights, block, keep
 
 
+def _recorded_format(out: Path) -> WeightFormat | None:
+    """The weight format a workspace records (None when it holds no deployment yet)."""
+    if not (out / DEPLOYMENT_FILE).is_file():
+        return None
+    return load_workspace(out).plan.weight_format()
+
+
 def weight_format(args, model_dir: Path) -> WeightFormat | None:
     """The format to deploy (None on a resume that names none: the recorded one). Without --weights: a GGUF
     input's own block format when every projection shares one (its blocks then deploy as stored), else bf16."""
     name, block, keep = weight_args(args)
     kv = getattr(args, "kv_cache", None)
-    if name is None and args.block is None and not keep and kv is None and args.resume:
-        return None
+    if name is None and args.block is None and not keep and args.resume:
+        recorded = _recorded_format(Path(args.out))
+        if kv is None or recorded is None:
+            return None if kv is None else WeightFormat(kv_cache=kv)
+        return replace(recorded, kv_cache=kv)  # a resume naming only the cache: the recorded weights, that cache
     if name is None:
         own = stored_format(model_dir, load_spec(model_dir)) if is_gguf_input(args.model_dir) else None
         name = own or "bf16"

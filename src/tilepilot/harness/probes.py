@@ -30,6 +30,7 @@ from tilepilot.npu.execute import run_group_tile, run_tile
 from tilepilot.npu.validate import validate, validate_group
 from tilepilot.oracle.ops import rope_tables
 from tilepilot.oracle.rope import inv_freq_for
+from tilepilot.plan.plan import DATA_FIELDS
 
 # The tile-level executor is exact and slow; instances above this many MACs skip it (recorded).
 TILE_PATH_MAX_MACS = 4_000_000
@@ -336,15 +337,20 @@ def group_checks(plan, spec, prompt_len: int, only: tuple[str, str] | None = Non
         rows, context = stage_rows(stage, prompt_len)
         for part, groups in (("block", plan.stage(stage).block), ("head", plan.stage(stage).head)):
             for g in groups:
-                kernel_ops = [c for c in g.calls if c.family != KV_FAMILY]
+                # a cache write is no launch of the fused group (a bf16 cache's is the producers' drain; a quantized
+                # cache's kvquant launch reads two producers' rows, which no one tensor binding expresses)
+                kernel_ops = [c for c in g.calls if graph.node(c.op).kind != "kv_write"]
                 if g.where != "npu" or len(kernel_ops) < 2 or part == "head":
                     continue
                 if only is not None and (stage != only[0] or only[1] not in [c.op for c in g.calls]):
                     continue
                 configs = {}
                 for c in kernel_ops:
-                    # attention's fused shape differs from the runner's (no query padding): let fuse choose
-                    if c.config or c.family != "attention":
+                    # attention's fused shape differs from the runner's (no query padding): let fuse choose the
+                    # tiling, given the cache format the call reads
+                    if c.family == "attention" and set(c.config) <= set(DATA_FIELDS):
+                        configs[c.op] = dict(c.config)
+                    elif c.config or c.family != "attention":
                         ref = CallRef(stage, part, g.name, c.op, c.family, tuple(sorted(c.config.items())))
                         configs[c.op] = config_for(c.family, call_shape(spec, ref, rows, context), c.config)
                 ops = [c.op for c in g.calls if graph.node(c.op).kind != "kv_write"]

@@ -211,7 +211,13 @@ def node_launch(
         family, shape = "swiglu", family_module("swiglu").Shape(rows, node.width)
     elif kind == "attention":
         family = "attention"
-        shape = family_module("attention").Shape(rows, context + rows, spec.n_heads, spec.n_kv_heads, spec.head_dim)
+        # the cache's format from the config; a dict of data fields only (``plan.plan.DATA_FIELDS``) leaves the
+        # tiling to the default of this (unpadded) shape
+        fmt = config.get("kv_format", "bf16") if isinstance(config, dict) else getattr(config, "kv_format", "bf16")
+        config = None if isinstance(config, dict) else config
+        shape = family_module("attention").Shape(
+            rows, context + rows, spec.n_heads, spec.n_kv_heads, spec.head_dim, kv_format=fmt
+        )
     else:
         raise ConfigError(f"op {node.op} ({kind}) has no NPU kernel to fuse; leave it out of the group.")
     views = {t: (rows, node.width) for t in ("a", "b", "c")} if family == "eltwise" else {}

@@ -52,9 +52,12 @@ class KVCache:
         t = k.shape[0]
         end = self.length + t
         self._reserve(layer, end)
-        if self.fmt != "bf16":  # rows of heads: Q8_0 blocks never cross a head, so K and V quantize apart
-            k = kv_deployed(k.reshape(t, -1), self.fmt).reshape(k.shape)
-            v = kv_deployed(v.reshape(t, -1), self.fmt).reshape(v.shape)
+        if self.fmt != "bf16":
+            # rows of heads: the blocks never cross a head, so K and V quantize apart. The deployment writes bf16
+            # K and V (its projections' and RoPE's outputs) into the cache, so the rows are rounded to bf16 first:
+            # the blocks then hold the same codes the NPU's quantizer picks from the same values
+            k = kv_deployed(k.reshape(t, -1).bfloat16(), self.fmt).to(k.dtype).reshape(k.shape)
+            v = kv_deployed(v.reshape(t, -1).bfloat16(), self.fmt).to(v.dtype).reshape(v.shape)
         self._k[layer][self.length : end] = k
         self._v[layer][self.length : end] = v
         return self._k[layer][:end], self._v[layer][:end]

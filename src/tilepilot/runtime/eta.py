@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilepilot.model.graph import block_graph, weight_shape
-from tilepilot.model.quant import WeightFormat, bits_per_weight
+from tilepilot.model.quant import WeightFormat, bits_per_weight, kv_unit
 from tilepilot.model.spec import ModelSpec
 
 # The deployment every eta_scale is relative to (DESIGN.md section 6), and the prompt length of its TTFT.
@@ -103,17 +103,17 @@ def weight_streaming_bound_tok_s(spec: ModelSpec, fmt: WeightFormat, ddr_bytes_p
     return ddr_bytes_per_s / decode_streamed_bytes(spec, fmt)
 
 
-def decode_kv_bytes(spec: ModelSpec, rows: int) -> int:
+def decode_kv_bytes(spec: ModelSpec, rows: int, kv_cache: str = "bf16") -> int:
     """Bytes of KV cache one decode step reads when every layer's attention streams ``rows`` cached positions
-    (``StagePlan.kv_readback``): K and V of every KV head, bf16."""
-    return spec.n_layers * rows * 2 * spec.kv_dim * 2
+    (``StagePlan.kv_readback``): K and V of every KV head, as the cache stores them (bf16, or its blocks)."""
+    return spec.n_layers * rows * kv_unit(kv_cache, 2 * spec.kv_dim)[0] * (2 if kv_cache == "bf16" else 1)
 
 
 def ddr_floor_tok_s(spec: ModelSpec, fmt: WeightFormat, kv_rows: int, ddr_bytes_per_s: float) -> float:
     """Decode tokens per second if a step did nothing but read its weights and its KV readback at
     ``ddr_bytes_per_s``. The weight-streaming bound leaves the KV out; this does not, so it is the tighter of the two
     and shows how much of the gap to that bound no plan can close at this context."""
-    return ddr_bytes_per_s / (decode_streamed_bytes(spec, fmt) + decode_kv_bytes(spec, kv_rows))
+    return ddr_bytes_per_s / (decode_streamed_bytes(spec, fmt) + decode_kv_bytes(spec, kv_rows, fmt.kv_cache))
 
 
 @dataclass(frozen=True)

@@ -96,18 +96,21 @@ class KVCache:
         self._grow(self.length + t)
         self._rows[layer][self.length : self.length + t].copy_(stored.reshape(t, self.row_width))
 
-    def _decoded(self, layer: int, n_new: int) -> torch.Tensor:
-        return kv_values(self._rows[layer][: self.length + n_new], self.fmt)
+    def _decoded(self, layer: int, n_new: int, half: int) -> torch.Tensor:
+        """Half ``half`` (0: K, 1: V) of rows ``[0, length + n_new)`` of a quantized cache, decoded: its blocks are
+        whole (a row's K part is a whole number of blocks), so only that half's bytes are decoded."""
+        b = self.row_width // 2
+        return kv_values(self._rows[layer][: self.length + n_new, half * b : (half + 1) * b], self.fmt)
 
     def keys(self, layer: int, n_new: int = 0) -> torch.Tensor:
         """K rows ``[0, length + n_new)`` of a layer (a strided view, no copy; decoded rows of a quantized cache)."""
         if self.fmt != "bf16":
-            return self._decoded(layer, n_new)[:, : self.kv_dim]
+            return self._decoded(layer, n_new, 0)
         return self._rows[layer][: self.length + n_new, : self.kv_dim]
 
     def values(self, layer: int, n_new: int = 0) -> torch.Tensor:
         if self.fmt != "bf16":
-            return self._decoded(layer, n_new)[:, self.kv_dim :]
+            return self._decoded(layer, n_new, 1)
         return self._rows[layer][: self.length + n_new, self.kv_dim :]
 
     def packed(self, layer: int, rows: int) -> torch.Tensor:

@@ -108,7 +108,12 @@ class RunnerFactory:
         # paper-like and IRON-like plans are those systems' own, in bf16.
         paper = paper_like_plan(spec)
         for label, plan in (
-            ("before", with_weights(default_plan(spec), fmt) if fmt.quantized else default_plan(spec)),
+            (
+                "before",
+                with_weights(default_plan(spec), fmt)
+                if fmt.quantized or fmt.kv_cache != "bf16"
+                else default_plan(spec),
+            ),
             ("after", self.workspace.plan),
             ("paper_like", paper),
             ("iron_like", iron_like_plan(spec)),  # same-model speed-ups are against both (issue 11 item 8)

@@ -210,7 +210,8 @@ class FinalizeAndLearn(PhaseSkill):
             "traces": {phase: str(p) for phase, p in traces.items()},
         }
         files = []
-        if ctx.model.format.quantized:  # reported beside the gate, never part of it (issue 14 item 4)
+        if ctx.model.source_oracle is not ctx.model.oracle:  # quantized weights or cache: reported beside the gate,
+            # never part of it (issue 14 item 4)
             q = quantization_quality(
                 ctx.runners.make_runner(plan), ctx.model.source_oracle, ctx.model.tokenizer, seed=ctx.settings.seed
             )

@@ -120,15 +120,11 @@ class BuildCpuOracle(PhaseSkill):
         )
         ref = ctx.model.reference(ids, second)
         logits = ref.logits
-        # transformers runs the checkpoint; for packed weights the oracle's code is checked on the bf16 original
-        # (same code, the weights the checkpoint holds), and the deployed model's reference above is what phases
-        # 3-5 compare with.
-        fmt = ctx.model.format
-        src = (
-            ref
-            if not fmt.quantized
-            else oracle_reference(ctx.model.source_oracle, ids, second, ctx.settings.greedy_steps)
-        )
+        # transformers runs the checkpoint; for packed weights or a quantized KV cache the oracle's code is checked on
+        # the bf16 original (same code, the weights the checkpoint holds, a bf16 cache), and the deployed model's
+        # reference above is what phases 3-5 compare with.
+        original = ctx.model.source_oracle is ctx.model.oracle
+        src = ref if original else oracle_reference(ctx.model.source_oracle, ids, second, ctx.settings.greedy_steps)
         # KV-cache self-consistency: prefill all but the last token, decode the last one.
         ctx.model.oracle.prefill(ids[:-1])
         last = ctx.model.oracle.decode(ids[-1]).logits[0]
