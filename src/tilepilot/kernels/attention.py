@@ -14,7 +14,12 @@ Tensors (seq-first, as the projections write them; no host transposes):
 - ``kv`` [kv_pad, 2 * kv_dim]: row p = [k_p | v_p], the KV-cache layout this family reads (one DDR stream
   brings a key block and its value block together). ``kv_pad`` rounds kv_len up to whole key blocks;
   the padding rows must be finite (``prepare_inputs`` zero-fills them) and are masked by causality,
-  since every query sits before them.
+  since every query sits before them. A quantized cache (``Shape.kv_format`` "q8_0" or "q4_0", ``deploy
+  --kv-cache``) stores each row as GGUF blocks of 32 values (uint8; a KV head's K or V part is whole blocks in whole
+  32-bit words, so head_dim % 64 == 0): every fifo, tap and L1 figure below counts those bytes, and each streamed
+  block is decoded in the tile (``key_block``: the values ``model.quant.kv_values`` gives every path and the oracle)
+  before the arithmetic, which is then the bf16 cache's. The decode is the quantized GEMV's block decode, timed at
+  that family's efficiency (``TileKernel.borrowed_ops``).
 
 Dataflow. A unit of work is (a chunk of ``heads_per_col`` consecutive query heads, a batch of
 ``q_tiles_per_col`` consecutive tiles of ``tile_q`` queries). Units are dealt to ``cols`` columns (longest
