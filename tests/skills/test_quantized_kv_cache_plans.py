@@ -177,3 +177,16 @@ def test_a_resume_naming_only_the_cache_keeps_the_recorded_weights(tiny_model, t
     assert weight_format(args, model) == recorded  # the recorded q4_0 weights, not a bf16 default
     args.kv_cache = None
     assert weight_format(args, model) is None  # nothing named: the recorded format
+
+
+def test_host_attention_is_priced_on_the_caches_stored_bytes_and_decode(tiny_model):
+    """The paper-like plan attends on the host: its modeled cost reads the cache as stored (fewer bytes for blocks)
+    and decodes every value, so the modeled decode step differs from a bf16 cache's (it ignored the format before)."""
+    from tilepilot.runtime.timing import time_plan
+
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    t = {
+        kv: time_plan(with_weights(paper_like_plan(spec), WeightFormat(kv_cache=kv)), spec, prompt_len=1024)
+        for kv in ("bf16", "q8_0")
+    }
+    assert t["q8_0"].decode_s_per_token != t["bf16"].decode_s_per_token

@@ -240,6 +240,9 @@ class KVState:
     side: dict[int, str] = field(default_factory=dict)  # layer -> "npu" | "cpu" that wrote this pass's rows
 
 
+# Host operations per value to decode a quantized KV cache's blocks (convert, scale; ESTIMATE) for host attention.
+KV_DECODE_OPS = 2
+
 # The only op whose kernel shape depends on the cached context (``kernels.bind``: attention reads the KV rows).
 CONTEXT_KINDS = ("attention",)
 
@@ -584,7 +587,12 @@ class Dispatcher:
             nbytes += 2 * p.rows * (node.width + in_width)
             flops += cpu_flops(node.kind, p.rows, p.context, node.width + in_width, wbytes // 2, s)
             if node.kind == "attention":
-                nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
+                cache = kv.cache
+                if cache is None or cache.fmt == "bf16":
+                    nbytes += 2 * p.context * self.graph.value_width(KV_STATE, s)  # reads the cached K/V rows
+                else:  # reads the stored blocks and decodes every value (a few operations each) before attending
+                    nbytes += p.context * cache.row_width * cache.dtype.itemsize
+                    flops += KV_DECODE_OPS * p.context * self.graph.value_width(KV_STATE, s)
                 heads += s.n_heads if self.policy.attention == "per_head" else 0  # the host's loop over heads
         secs = self.timer.seconds(nbytes, flops, heads)
         if p.dry:
