@@ -245,3 +245,14 @@ def test_a_kv_cache_format_the_model_cannot_use_is_refused_before_the_workspace_
     out = tmp_path / "ws"
     _refused(["deploy", str(model), "--out", str(out), "--kv-cache", kv], capsys, words)
     assert not out.exists()
+
+
+def test_every_commands_help_renders(capsys):
+    """argparse formats help strings with %: a bare percent sign in one crashed `deploy --help` with a traceback."""
+    from tilepilot.cli import COMMANDS
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0, name
+    assert "--kv-cache" in capsys.readouterr().out

@@ -96,7 +96,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="FORMAT",
         help=(
             "how the KV cache stores K and V: bf16 (default), q8_0 (GGUF Q8_0 blocks of 32: about half the bytes "
-            "every decode step reads back) or q4_0 (Q4_0 blocks: about 28 %, less accurate), written by a quantizing "
+            "every decode step reads back) or q4_0 (Q4_0 blocks: about 28 %%, less accurate), written by a quantizing "
             "launch (llama.cpp's --cache-type-k/v). The "
             "oracle quantizes its own K and V the same way, so the gates compare the NPU with the model deployed; "
             "the error against a bf16 cache is reported apart. On --resume: the recorded one"
