@@ -787,30 +787,45 @@ def _fast(config: Config, shape: Shape | None = None):
         return nx.matmul(x, w, acc=config.acc, k_chunk=config.tile_k, operands=operands, exact=exact)
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        s = shape or Shape(1, 1)
-        x = normalize_rows(inputs["x"], inputs["g"], s.norm_eps) if prenormed(s) else inputs["x"]
-        out = {y: one(x, inputs[w], exact) for w, y in names}
-        if with_residual(s):
-            out = {y: add_residual(v, inputs["r"]) for y, v in out.items()}
-        if gated(s):
-            return {"y": silu_mul(out["y0"], out["y1"], exact=exact)}
-        return out
+        return folded_fast(shape or Shape(1, 1), names, inputs, lambda x, w: one(x, inputs[w], exact), exact)
 
     return fast
 
 
-def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
-    """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``); a multi-matrix
-    launch's inputs ``w0``.. give outputs ``y0``..; with folds (``shape``), of the FP32 RMSNorm of x
-    (``oracle.ops.rmsnorm``), plus the residual, or silu(gate) * up."""
-    shape = shape or Shape(1, 1)
+def folded_fast(
+    shape: Any, names: list[tuple[str, str]], inputs: dict[str, torch.Tensor], matvec: Callable, exact: bool
+) -> dict[str, torch.Tensor]:
+    """A matrix-vector launch's outputs on the fast path (gemv and qgemv alike): the prologue's RMSNorm of x, then
+    ``matvec(x, weight tensor name)`` for each (weight, output) of ``names``, then the residual add or SwiGLU
+    epilogue, each with its own kernel's arithmetic, so the launch computes what the separate launches compute."""
+    x = normalize_rows(inputs["x"], inputs["g"], shape.norm_eps) if prenormed(shape) else inputs["x"]
+    out = {y: matvec(x, w) for w, y in names}
+    if with_residual(shape):
+        out = {y: add_residual(v, inputs["r"]) for y, v in out.items()}
+    if gated(shape):
+        return {"y": silu_mul(out["y0"], out["y1"], exact=exact)}
+    return out
+
+
+def folded_reference(
+    shape: Any, names: list[tuple[str, str]], inputs: dict[str, torch.Tensor], weight: Callable
+) -> dict[str, torch.Tensor]:
+    """The FP32 reference of a matrix-vector launch with its folds (gemv and qgemv alike): the FP32 RMSNorm of x
+    (``oracle.ops.rmsnorm``), ``linear`` with ``weight(name)`` for each (weight, output) of ``names``, plus the
+    residual, or silu(gate) * up."""
     x = rms_reference(inputs["x"], inputs["g"], shape.norm_eps) if prenormed(shape) else inputs["x"]
-    weights = sorted(k for k in inputs if k == "w" or (k[:1] == "w" and k[1:].isdigit()))
     r = inputs["r"].to(torch.float32) if with_residual(shape) else 0
-    out = {"y" + w[1:]: linear(x, inputs[w]) + r for w in weights}
+    out = {y: linear(x, weight(w)) + r for w, y in names}
     if gated(shape):
         return {"y": torch.nn.functional.silu(out["y0"]) * out["y1"]}
     return out
+
+
+def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:
+    """FP32 y = x @ W^T from the (bf16) inputs, no intermediate rounding (oracle ``linear``); a multi-matrix
+    launch's inputs ``w0``.. give outputs ``y0``..; with folds (``shape``), ``folded_reference``'s."""
+    weights = sorted(k for k in inputs if k == "w" or (k[:1] == "w" and k[1:].isdigit()))
+    return folded_reference(shape or Shape(1, 1), [(w, "y" + w[1:]) for w in weights], inputs, inputs.__getitem__)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

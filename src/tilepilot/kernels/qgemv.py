@@ -35,7 +35,6 @@ from tilepilot.kernels.gemv import (
     TILE_M_CHOICES,
     Tiling,
     WeightStream,
-    add_residual,
     check_feed,
     check_folds,
     check_parts,
@@ -43,9 +42,10 @@ from tilepilot.kernels.gemv import (
     epilogue_ops,
     fold_points,
     fold_suffix,
+    folded_fast,
+    folded_reference,
     folds,
     gate_blocks,
-    gated,
     matvec_dataflow,
     matvec_tensors,
     parts_suffix,
@@ -56,20 +56,15 @@ from tilepilot.kernels.gemv import (
     tensor_names,
     tile_fits,
     tile_k_choices,
-    with_residual,
     x_chunk,
     x_must_ride,
     x_object,
 )
-from tilepilot.kernels.rmsnorm import normalize_rows
-from tilepilot.kernels.swiglu import silu_mul
 from tilepilot.model.quant import QUANT_FORMATS, block_bytes, deployed_packed, dequantize_packed
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TileKernel
 from tilepilot.npu.device import Device, npu2
 from tilepilot.npu.validate import CORE_STACK_BYTES, WORD_BYTES, DesignError, Violation
-from tilepilot.oracle.ops import linear
-from tilepilot.oracle.ops import rmsnorm as rms_reference
 
 FAMILY = "qgemv"
 VARIANTS = ("vector",)
@@ -266,16 +261,11 @@ def _fast(shape: Shape, config: Config):
     separate launches compute them (same K chunks, same roundings), so merging launches changes no bit."""
 
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        out = {}
-        x = inputs["x"] if not prenormed(shape) else normalize_rows(inputs["x"], inputs["g"], shape.norm_eps)
-        for w_t, y_t in tensor_names(shape):
-            w = deployed_packed(inputs[w_t], shape.fmt, shape.block)
-            out[y_t] = nx.matmul(x, w, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
-            if with_residual(shape):
-                out[y_t] = add_residual(out[y_t], inputs["r"])
-        if gated(shape):
-            return {"y": silu_mul(out["y0"], out["y1"], exact=exact)}
-        return out
+        def matvec(x: torch.Tensor, w: str) -> torch.Tensor:
+            wd = deployed_packed(inputs[w], shape.fmt, shape.block)
+            return nx.matmul(x, wd, acc="fp32", k_chunk=config.tile_k, operands="bf16", exact=exact)
+
+        return folded_fast(shape, tensor_names(shape), inputs, matvec, exact)
 
     return fast
 
@@ -284,14 +274,11 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
     """FP32 y = x @ deployed(W)^T (the dequantized weights rounded to bf16, as the deployment defines them); with an
     RMSNorm prologue, of the FP32 RMSNorm of x (``oracle.ops.rmsnorm``); with a residual, plus the residual."""
     shape = shape or Shape(1, 1)
-    out = {}
-    x = inputs["x"] if not prenormed(shape) else rms_reference(inputs["x"], inputs["g"], shape.norm_eps)
-    for w_t, y_t in tensor_names(shape):
-        w = dequantize_packed(inputs[w_t], shape.fmt, shape.block).to(torch.bfloat16)
-        out[y_t] = linear(x, w) + (inputs["r"].to(torch.float32) if with_residual(shape) else 0)
-    if gated(shape):
-        return {"y": torch.nn.functional.silu(out["y0"]) * out["y1"]}
-    return out
+
+    def weight(w: str) -> torch.Tensor:
+        return dequantize_packed(inputs[w], shape.fmt, shape.block).to(torch.bfloat16)
+
+    return folded_reference(shape, tensor_names(shape), inputs, weight)
 
 
 fits = tile_fits(_check, l1_bytes)
