@@ -1,8 +1,9 @@
 """The bf16 GEMV folds the quantized GEMV's small ops the same way (``kernels/gemv.py``: one dataflow, the same fold
 helpers): RMSNorm as the prologue of the launch that reads it, the residual add and SwiGLU as epilogues. Each fused
 launch computes what the separate launches computed, bit for bit, on the tile path and both fast paths; a bf16 decode
-pass with every fold gives the unfused pass's logits with five launches fewer per layer and less modeled time; the
-skills are kept on a bf16 plan only when faster and correct."""
+pass with every fold gives the unfused pass's logits with five launches fewer per layer and less modeled time. That
+each skill is kept on a bf16 plan only when faster and correct is tested beside the quantized cases
+(``test_fold_into_gemv.test_each_skill_is_kept_when_faster_and_the_gate_passes``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 import torch
 from folds import assert_same_logits_fewer_launches, bf16
 
-from tilepilot.harness.model_gate import model_gate
 from tilepilot.kernels import eltwise, gemv, rmsnorm, swiglu
 from tilepilot.model.checkpoint import load_checkpoint
 from tilepilot.npu.execute import run_fast, run_tile
@@ -22,7 +22,6 @@ from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
 from tilepilot.plan.merge import gated_stage, merged_stage, normed_stage, packing_alternatives, residual_stage
 from tilepilot.plan.plan import validate_plan
-from tilepilot.skills.optimize.decode import ResidualEpilogue, RmsNormPrologue, SwigluEpilogue
 
 RIDES = {"weight_channels": 2, "x_rides": True}
 CASES = [
@@ -117,27 +116,3 @@ def test_every_fold_on_a_bf16_pass_gives_the_same_logits_with_five_launches_fewe
     assert_same_logits_fewer_launches(merged, folded, ck, 5 * ck.spec.n_layers)  # 2 norms, 2 adds, 1 SwiGLU
     unfolded = next(p for p, how in packing_alternatives(folded) if "SwiGLU epilogues" in how)
     assert [m for g in unfolded.decode.block for m in g.merged] == [m for g in merged.decode.block for m in g.merged]
-
-
-@pytest.mark.parametrize(
-    ("skill", "family", "run"),
-    [
-        (RmsNormPrologue, "llama", ["q_proj", "k_proj", "v_proj", "attn_norm"]),
-        (ResidualEpilogue, "qwen2", ["down_proj", "resid2"]),
-        (SwigluEpilogue, "smollm2", ["gate_proj", "up_proj", "swiglu"]),
-    ],
-    ids=lambda v: getattr(v, "name", None) if isinstance(v, type) else None,
-)
-def test_each_skill_is_kept_on_a_bf16_plan_when_faster_and_the_gate_passes(fresh_ctx, skill, family, run):
-    ctx = fresh_ctx(family, layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
-    ctx.save_plan(merged_stage(fused_stage(paper_like_plan(ctx.plan.model_spec()))))
-    ctx.opt_stage = "decode"
-    result = skill().run(ctx)
-    assert result.status == "applied", result.summary
-    (row,) = result.evidence["applied"]
-    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
-    assert any(m == run for g in ctx.plan.decode.block for m in g.merged)
-    assert {c.family for g in ctx.plan.decode.block for c in g.calls if c.op == run[0]} == {"gemv"}
-    report, _ = model_gate(ctx, ctx.plan)
-    assert report.passed, report.failures
-    assert skill().run(ctx).status == "skipped"

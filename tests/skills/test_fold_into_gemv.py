@@ -231,6 +231,10 @@ def test_every_fold_together_gives_the_same_logits_with_four_launches_fewer_per_
         (RmsNormPrologue, "llama", "q4_0", ["q_proj", "k_proj", "v_proj", "attn_norm"]),
         (ResidualEpilogue, "qwen2", "q4_1", ["down_proj", "resid2"]),
         (SwigluEpilogue, "smollm2", "q8_0", ["gate_proj", "up_proj", "swiglu"]),
+        # the bf16 GEMV folds the same ops (tests/skills/test_fold_into_bf16_gemv.py has its kernel checks)
+        (RmsNormPrologue, "llama", "bf16", ["q_proj", "k_proj", "v_proj", "attn_norm"]),
+        (ResidualEpilogue, "qwen2", "bf16", ["down_proj", "resid2"]),
+        (SwigluEpilogue, "smollm2", "bf16", ["gate_proj", "up_proj", "swiglu"]),
     ],
     ids=lambda v: getattr(v, "name", None) if isinstance(v, type) else None,
 )
@@ -243,6 +247,8 @@ def test_each_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx, skill, fa
     (row,) = result.evidence["applied"]
     assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
     assert any(m == run for g in ctx.plan.decode.block for m in g.merged)
+    launch = {c.family for g in ctx.plan.decode.block for c in g.calls if c.op == run[0]}
+    assert launch == {"gemv" if fmt == "bf16" else "qgemv"}
     report, _ = model_gate(ctx, ctx.plan)
     assert report.passed, report.failures
     assert skill().run(ctx).status == "skipped"
