@@ -510,8 +510,8 @@ def _normed_rope_problems(what: str, g: KernelGroup, m: list[str], nodes: list, 
 
 def _kv_cache_problems(where: str, c: KernelCall, kind: str, fmt: str) -> list[str]:
     """Why an NPU KV-cache op does not match the plan's cache format (``apply_kv_cache`` makes them match)."""
-    if kind == "kv_write" and (c.family == "kvquant") != (fmt != "bf16"):
-        want = KV_FAMILY if fmt == "bf16" else "kvquant"
+    if kind == "kv_write" and c.family != kv_write_family(fmt):
+        want = kv_write_family(fmt)
         return [f"{where} op {c.op} writes a {fmt} KV cache with family {c.family!r}; use {want!r} (apply_kv_cache)"]
     if kind == "kv_write" and fmt != "bf16" and c.config.get("kv_format", "q8_0") != fmt:
         return [f"{where} op {c.op} writes {c.config.get('kv_format', 'q8_0')} blocks into a {fmt} KV cache; set its "
@@ -563,12 +563,17 @@ def with_weights(plan: DeploymentPlan, fmt: WeightFormat, packed_prefill: bool =
     return apply_kv_cache(out)
 
 
+def kv_write_family(fmt: str) -> str:
+    """The family of an NPU cache write: a bf16 cache's is the producers' drain (no launch), a quantized cache's a
+    ``kvquant`` launch."""
+    return KV_FAMILY if fmt == "bf16" else "kvquant"
+
+
 def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
     """``plan`` (changed in place) with its NPU KV-cache ops matching its KV-cache format (``WeightFormat.kv_cache``):
-    a quantized cache's writes are ``kvquant`` launches and its attention launches read its blocks (config
-    ``kv_format``);
-    a bf16 cache's writes are the producers' drains. Every change that moves ops onto the NPU calls it, so a plan
-    never reads a cache in another format than it writes."""
+    its writes of ``kv_write_family`` and, for a quantized cache, its writes and attention launches naming the
+    format (config ``kv_format``). Every change that moves ops onto the NPU calls it, so a plan never reads a cache
+    in another format than it writes."""
     fmt = plan.weight_format().kv_cache
     graph = block_graph(plan.model_spec())
     for stage in STAGES:
@@ -578,7 +583,7 @@ def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
             for c in g.calls:
                 kind = graph.node(c.op).kind
                 if kind == "kv_write":
-                    c.family = KV_FAMILY if fmt == "bf16" else "kvquant"
+                    c.family = kv_write_family(fmt)
                 if kind not in ("kv_write", "attention"):
                     continue
                 if fmt == "bf16":
