@@ -715,6 +715,12 @@ def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], 
     return inputs, outputs
 
 
+def constant_inputs(shape: Any) -> list[str]:
+    """The DDR inputs of a matrix-vector launch that no earlier launch writes (the weights, a fused norm's gain):
+    a resident pass may fetch them before the launch starts (``npu.resident``'s weight prefetch)."""
+    return (["g"] if prenormed(shape) else []) + [w for w, _ in tensor_names(shape)]
+
+
 def parts_suffix(shape: Any) -> str:
     return "_parts" + "_".join(map(str, shape.parts)) if shape.parts else ""
 
@@ -755,6 +761,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         "ddr_read_bytes": design.ddr_read_bytes(),
         "ddr_write_bytes": design.ddr_write_bytes(),
         "weight_bytes": 2 * n * k,
+        "constants": constant_inputs(shape),
     }
     if prenormed(shape):
         design.meta["prologue"] = prologue_meta(shape)

@@ -38,6 +38,7 @@ from tilepilot.kernels.gemv import (
     check_feed,
     check_folds,
     check_parts,
+    constant_inputs,
     epilogue,
     epilogue_ops,
     fold_points,
@@ -250,6 +251,7 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         "ddr_read_bytes": design.ddr_read_bytes(),
         "ddr_write_bytes": design.ddr_write_bytes(),
         "weight_bytes": n * rb,
+        "constants": constant_inputs(shape),
     }
     if prenormed(shape):
         design.meta["prologue"] = prologue_meta(shape)

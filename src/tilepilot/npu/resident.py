@@ -35,6 +35,8 @@ from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import Design
 from tilepilot.npu.device import Device, Tile
 from tilepilot.npu.placer import SequentialPlacer, translate
+from tilepilot.npu.prefetch import Prefetched, regions_free
+from tilepilot.npu.prefetch import prefetch as weight_prefetch
 from tilepilot.npu.resources import TileUse, add_use, resource_claims
 from tilepilot.npu.timing import GroupTiming, time_design
 from tilepilot.npu.validate import DesignError, Violation, budget_problems, within_budgets
@@ -330,14 +332,22 @@ def touches(design: Design, tile: Tile) -> bool:
     )
 
 
-def time_resident(name: str, designs: Sequence[Design], cal: Calibration = CALIBRATION) -> GroupTiming:
+def time_resident(
+    name: str, designs: Sequence[Design], cal: Calibration = CALIBRATION, *, prefetch: bool = False
+) -> GroupTiming:
     """One dispatch holding every launch of a resident pass: host round trip + each tile configured once + the
     launches in order (modeled). No design switch: nothing is reconfigured between them. Raises ``DesignError``
-    when the designs cannot be packed into one array (legal or nothing)."""
+    when the designs cannot be packed into one array (legal or nothing). ``prefetch``: the launches' weights run
+    ahead into memory-tile regions the packing leaves free (``npu/prefetch.py``)."""
     packing = pack(name, designs)
     if packing.problems:
         raise DesignError(list(packing.problems), f"resident pass {name}")
-    timings = tuple(time_design(d, cal) for d in packing.designs(designs))
+    placed = packing.designs(designs)
+    timings = tuple(time_design(d, cal) for d in placed)
+    fetched: tuple[Prefetched, ...] = ()
+    if prefetch:
+        retimed, done, _ = weight_prefetch(placed, timings, regions_free(placed, packing.use), cal)
+        timings, fetched = tuple(retimed), tuple(done)
     configure = packing.tiles(designs[0].device) * cal.tile_config_s
     seconds = cal.dispatch_overhead_s + configure + sum(t.seconds for t in timings)
-    return GroupTiming(name, seconds, cal.dispatch_overhead_s, configure, timings)
+    return GroupTiming(name, seconds, cal.dispatch_overhead_s, configure, timings, prefetched=fetched)

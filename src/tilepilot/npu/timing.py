@@ -135,6 +135,8 @@ class GroupTiming:
     launch_overhead_s: float  # launches after the first + configuring every launch's tiles
     designs: tuple[DesignTiming, ...]
     clock: str = "modeled"
+    # a resident pass's weight prefetch (``npu/prefetch.py``): one ``Prefetched`` per launch that fetched ahead
+    prefetched: tuple = ()
 
     @property
     def launches(self) -> int:

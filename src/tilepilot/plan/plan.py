@@ -121,7 +121,8 @@ class StagePlan:
     ``resident``: such a dispatch is configured into the array once, every launch's tiles packed together, as AIR's
     fused decode is one module (``npu/resident.py``): no design switch between launches, legal only when the
     pass's designs fit the array together (``plan/resident.py`` finds configs that do); False = a design switch per
-    launch after the first (``npu.timing.time_group``).
+    launch after the first (``npu.timing.time_group``). ``prefetch``: in such a resident dispatch each launch's
+    weights run ahead into memory-tile regions the packing leaves free (``npu/prefetch.py``); resident only.
     """
 
     block: list[KernelGroup]
@@ -129,6 +130,7 @@ class StagePlan:
     one_dispatch: bool = False
     kv_windows: list[int] = field(default_factory=list)
     resident: bool = False
+    prefetch: bool = False
 
     def groups(self) -> list[KernelGroup]:
         return self.block + self.head
@@ -285,6 +287,7 @@ def _stage_from_dict(d: dict[str, Any]) -> StagePlan:
         one_dispatch=bool(d.get("one_dispatch", False)),
         kv_windows=[int(w) for w in d.get("kv_windows", [])],
         resident=bool(d.get("resident", False)),
+        prefetch=bool(d.get("prefetch", False)),
     )
 
 
@@ -319,6 +322,8 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
             problems.append(f"{stage} has kv_windows but is not one dispatch; windows are templates of a fused pass")
         if st.resident and not st.one_dispatch:
             problems.append(f"{stage} is resident but not one dispatch; only a one-dispatch pass can be resident")
+        if st.prefetch and not st.resident:
+            problems.append(f"{stage} prefetches weights but is not resident; only a resident pass has the regions")
         for part, groups, expected, external in (
             ("block", st.block, graph.block_ops, {LAYER_INPUT}),
             ("head", st.head, graph.head_ops, {LAYER_INPUT}),

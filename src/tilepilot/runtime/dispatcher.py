@@ -140,7 +140,7 @@ class KernelLibrary:
         for k in keys:
             if k in self._designs:
                 self._designs.move_to_end(k)
-        gkey = (name, tuple(keys), False)
+        gkey = (name, tuple(keys), False, False)
         if name is not None and gkey in self._groups:
             self._groups.move_to_end(gkey)
 
@@ -152,17 +152,20 @@ class KernelLibrary:
         """The modeled dispatches named ``name`` timed so far, oldest first (e.g. a one-dispatch pass's breakdown)."""
         return [t for (n, *_), t in self._groups.items() if n == name]
 
-    def dispatch_time(self, name: str, keys: list[Any], *, resident: bool = False) -> GroupTiming:
+    def dispatch_time(
+        self, name: str, keys: list[Any], *, resident: bool = False, prefetch: bool = False
+    ) -> GroupTiming:
         """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened); ``resident``:
-        the launches packed into the array and configured once (``npu.resident``; DesignError when they do not fit)."""
-        gkey = (name, tuple(keys), resident)
+        the launches packed into the array and configured once (``npu.resident``; DesignError when they do not fit),
+        ``prefetch``: their weights fetched ahead into free memory-tile regions (``npu.prefetch``)."""
+        gkey = (name, tuple(keys), resident, prefetch)
         if gkey not in self._groups:
             designs = []
             for k in keys:
                 d = self._designs[k][1]
                 designs.extend(d.designs if isinstance(d, MultiLaunchGroup) else [d])
             if resident:
-                timing = time_resident(name, designs, self.cal)
+                timing = time_resident(name, designs, self.cal, prefetch=prefetch)
             else:
                 timing = time_group(MultiLaunchGroup(name=name, designs=designs), self.cal)
             check_dispatch(name, timing.seconds)
@@ -284,7 +287,7 @@ class Dispatcher:
         self.hc = HostCost(library.cal)
         self._ctx: dict[str, Any] = {}
         self._pass_keys: list[Any] | None = None  # launches of a one-dispatch pass, collected until end_pass
-        self._resident = False
+        self._resident = self._prefetch = False
         self._kv_readback: Callable[[int], int] | None = None
         self._prepared: OrderedDict[tuple, PreparedGroup] = OrderedDict()
         self._launches: OrderedDict[tuple, tuple] = OrderedDict()  # (group id, op, stage, rows) -> (group, call, key)
@@ -294,14 +297,20 @@ class Dispatcher:
 
     # ---- one dispatch per pass ---------------------------------------------------------------
     def begin_pass(
-        self, one_dispatch: bool, kv_readback: Callable[[int], int] | None = None, resident: bool = False
+        self,
+        one_dispatch: bool,
+        kv_readback: Callable[[int], int] | None = None,
+        resident: bool = False,
+        prefetch: bool = False,
     ) -> None:
         """Start a pass; ``one_dispatch``: every NPU group's launches join one dispatch, timed at ``end_pass``.
         ``kv_readback(context)``: KV rows each attention launch streams (a fused program's fixed template).
-        ``resident``: that dispatch is configured once with every launch packed into the array (``npu/resident``)."""
+        ``resident``: that dispatch is configured once with every launch packed into the array (``npu/resident``);
+        ``prefetch``: its launches' weights run ahead into free memory-tile regions (``npu/prefetch``)."""
         self._pass_keys = [] if one_dispatch else None
         self._kv_readback = kv_readback
         self._resident = resident
+        self._prefetch = prefetch
         self.pool.in_pass = one_dispatch
 
     def end_pass(self, name: str, stage: str) -> None:
@@ -312,7 +321,7 @@ class Dispatcher:
         keys, self._pass_keys, self._kv_readback = self._pass_keys, None, None
         self.pool.in_pass = False
         if keys:
-            gt = self.library.dispatch_time(name, keys, resident=self._resident)
+            gt = self.library.dispatch_time(name, keys, resident=self._resident, prefetch=self._prefetch)
             self.trace.add_dispatch(gt, group=name, layer=None, stage=stage)
 
     def abort_pass(self) -> None:

@@ -274,7 +274,9 @@ class NpuRunner:
 
         kv = KVState(cache=self.cache)
         fused = stage_plan.one_dispatch
-        self.dispatcher.begin_pass(fused, stage_plan.kv_readback if fused else None, stage_plan.resident)
+        self.dispatcher.begin_pass(
+            fused, stage_plan.kv_readback if fused else None, stage_plan.resident, stage_plan.prefetch
+        )
         outputs: list[torch.Tensor] | None = [] if capture else None
         x = x_buf
         try:

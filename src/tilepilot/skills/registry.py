@@ -43,6 +43,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),
     ("tilepilot.skills.optimize.kernels", "TileTuning"),
     ("tilepilot.skills.optimize.decode", "ResidentDecode"),
+    ("tilepilot.skills.optimize.decode", "WeightPrefetch"),
 )
 _DEBUGGERS = (
     ("tilepilot.skills.debug.numerics", "FixNanInf"),

@@ -5,7 +5,7 @@ host: AIR runs all 16 layers and the LM head of Llama-3.2-1B in **one dispatch p
 "AIR's own 4-bit deployments"). A single dispatch has one program, so its attention launches are compiled for a
 fixed KV readback (AIR pads to ATTN_MAXL = 2048 positions: the DMA moves every padded block even though compute
 skips the masked ones); AIR then built a template per window so the readback matches the context
-(53.0 -> 58.6 tok/s). Seven skills, tried in this order by the decode phase:
+(53.0 -> 58.6 tok/s). Eight skills, tried in this order by the decode phase:
 
 - ``one-dispatch-decode``: every decode group (each layer's and the head's) in one dispatch
   (``StagePlan.one_dispatch``),
@@ -38,6 +38,11 @@ skips the masked ones); AIR then built a template per window so the readback mat
   between launches; the configs that do not fit together are replaced by the cheapest ones that do
   (``plan.resident.fit_resident``), so it runs last, after tile tuning. A decode still dispatched per group (the
   switches made one dispatch slower) is fused first, with the windowed readback.
+
+- ``weight-prefetch``: in a resident decode, every GEMV launch's weights run ahead into memory-tile regions the
+  packing leaves free, during the drain of the launch before, the launches that stream no weights and its own
+  pipeline fill (``StagePlan.prefetch``, ``npu/prefetch.py``): the launch streams only the rest from DDR. Same
+  designs, same numbers; a modeled schedule with no silicon figure behind it.
 
 All are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
 prefill is not slower and the model gate passes; every attempt is a row of ``perf_opt_traj.md`` with its before/after
@@ -363,6 +368,37 @@ class ResidentDecode(PlanOptimization):
             undone = "; ".join(w for *_, w in steps)
             yield Proposal(steps[-1][1], f"{stage}: one resident dispatch with {undone} ({', '.join(tight)} squeezed "
                                          f"before), every launch packed into the array{fused}")  # fmt: skip
+
+
+class WeightPrefetch(PlanOptimization):
+    name = "weight-prefetch"
+    description = (
+        "Lets each GEMV launch of a resident decode fetch its weights ahead into memory-tile regions the packing "
+        "leaves free, while the launches before it drain, run attention or fill their pipelines. Use when the decode "
+        "stage is one resident dispatch whose GEMVs are bound by the DDR weight stream."
+    )
+    purpose = (
+        "Keeps DDR streaming weights through the gaps between launches (fill, drain, RoPE, cache write), so a "
+        "resident decode comes closer to its weight-streaming bound; the designs and their numbers are unchanged."
+    )
+    commands = ("tilepilot skills run weight-prefetch WORKSPACE --json",)
+    gate_text = _GATE
+    inputs = (_WS,)
+    failure_modes = (
+        "No memory tile has the free memory, BDs or locks for a region, or every launch before a GEMV keeps the "
+        "memory tiles' S2MM channels busy: nothing is fetched ahead and the proposal is not faster, so not kept.",
+        "The schedule is the timing model's (no silicon measurement of a prefetching pass exists): read its gain as a "
+        "modeled one.",
+    )
+    stages = ("decode",)
+
+    def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
+        st = ctx.plan.stage(stage)
+        if not st.resident or st.prefetch:
+            return
+        new = clone(ctx.plan)
+        new.stage(stage).prefetch = True
+        yield Proposal(new, f"{stage}: GEMV weights fetched ahead into free memory-tile regions (resident pass)")
 
 
 class _Failed:
