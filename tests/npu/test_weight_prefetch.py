@@ -121,3 +121,21 @@ def test_a_launch_between_that_keeps_every_memory_tile_channel_busy_gives_no_win
 def test_a_pass_without_weights_is_the_same_pass():
     designs = [_add(), _add(4, 2048)]
     assert time_resident("p", designs, prefetch=True) == time_resident("p", designs)
+
+
+def test_the_gemv_before_frees_only_its_weight_channels_in_its_drain():
+    gemv = _packed()[0]
+    s = pf._stream(gemv)
+    use = pf._use(gemv)
+    assert all(use[m].s2mm == gemv.device.mem.s2mm_channels for m in s.linked)  # its splits and joins take all six
+    assert pf._channel_free(s, gemv) == 0.0  # while it runs, nothing lands beside it
+    assert pf._channel_free(s, gemv, drained=True) == 1.0  # in its drain, its weight splits' channels are free
+    assert all(n == 2 for n in pf._weight_s2mm(gemv).values())  # both shim channels' splits of each column
+
+
+def test_a_stream_straight_from_the_shim_to_a_core_is_not_fetched_ahead():
+    d = _packed()[0]
+    fifos = {f for t in d.runtime.tasks if t.tensor in d.meta["constants"] for f in (t.fifo,)}
+    assert fifos and all(any(f in lk.srcs for lk in d.links) for f in fifos)  # this one's weights all pass links
+    unlinked = replace(d, links=[])
+    assert pf._stream(unlinked).nbytes == 0

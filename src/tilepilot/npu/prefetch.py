@@ -4,31 +4,32 @@ Why: in a resident decode every launch pays its pipeline fill and drain, and the
 (RoPE, the cache write, attention) leave DDR partly idle, yet a matrix-vector launch's weights depend on nothing
 earlier in the pass. So the stream of launch i's weights may run ahead into a region of the memory tiles its
 weight links sit on, while the launches before it finish; launch i then reads that part from L2 and streams only
-the rest from DDR during its own steady state. The technique is the same one GPU and Tenstorrent runtimes call
-weight prefetching. No silicon figure informs it: every number here is the timing model's, under its constants.
+the rest from DDR during its own steady state. GPU and Tenstorrent runtimes call the technique weight prefetching.
+No silicon figure informs it: every number here is the timing model's, under its constants.
 
-The prefetched head of a weight stream waits on the memory tile of its link, or, for a stream that goes from the
-shim straight to a core, on the memory tile of its column, and goes up to the core packet-switched onto the stream's
-own port (as ``ObjectFifo.rides_with`` shares a shim channel), into the fifo's own L1 buffers.
+Only weights that already pass a memory-tile link (``FifoLink``: a split or forward on the way to the cores) are
+fetched ahead: the link's own channels write the region and read it out (one more BD each), so no route changes. A
+stream from the shim straight into a core has nowhere to wait in L2 and is left as it is.
 
-The schedule, per launch i with constant inputs (``Design.meta["constants"]``: weights, a fused norm's gain):
+The schedule, per launch i with such constant inputs (``Design.meta["constants"]``: weights, a fused norm's gain):
 
-- its **window** runs from the drain of the previous such launch j (whose own weights are then consumed) through
-  every launch between j and i to the end of i's own pipeline fill; a pass's first such launch has only its fill;
+- its **window** runs from the drain of the previous such launch j (whose weights are then consumed, so its weight
+  links' channels are free) through every launch between j and i to the end of i's own pipeline fill (its links'
+  channels are its own); a pass's first such launch has only its fill;
 - in each part of the window the prefetch moves bytes at ``min(i's own weight feed rate x the share of i's shim
-  MM2S channels the part leaves free, the DDR rate left beside the part's own DDR traffic)``; one DMA hop latency
-  (the prefetch's shim -> memory tile path) is taken off at i's feed rate;
+  MM2S channels the part leaves free, the DDR rate left beside the part's own DDR traffic)``, and at nothing in a
+  part whose launch leaves no S2MM channel free on one of i's memory tiles; one DMA hop latency (the shim -> memory
+  tile path) is taken off at i's feed rate;
 - it holds at most what the memory tiles have free after the pass's packing, in the proportion i's stream uses
   each of them, and never more than i's linked constant bytes.
 
-Launch i is timed with that many fewer DDR bytes. Its shim-channel and memory-tile limits keep every byte and its
-fill and drain are unchanged (conservative: the prefetched bytes crossed the same shim channel earlier, and reading
-them from L2 could shorten the fill, neither of which is credited).
+Launch i is timed with that many fewer DDR bytes, and kept as it was where that is not faster. Its shim-channel and
+memory-tile limits keep every byte and its fill and drain are unchanged (conservative: the prefetched bytes crossed
+the same shim channel earlier, and reading them from L2 could shorten the fill; neither is credited).
 
 Legality: one region per memory tile, reused by every launch in turn (a launch consumes its prefetched head first,
-before the next launch's prefetch starts in its drain), sized to the largest share any launch puts there, with one
-S2MM and one MM2S channel of its own (the prefetch runs while other launches use the tile's channels), two buffer
-descriptors and two locks. A memory tile whose budgets do not allow that holds no region.
+before the next launch's prefetch starts in its drain), sized to the largest share any launch puts there, with two
+more buffer descriptors and two locks. A memory tile whose budgets do not allow that holds no region.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass, replace
 
 from tilepilot.npu.calibration import Calibration
 from tilepilot.npu.design import Design, nbytes
-from tilepilot.npu.device import MEM_ROW, Tile
+from tilepilot.npu.device import Tile
 from tilepilot.npu.resources import TileUse, resource_use
 from tilepilot.npu.timing import DesignTiming, evaluate, profile
 
@@ -64,7 +65,6 @@ class _Stream:
 
     linked: dict[Tile, int]
     channels: dict[Tile, int]
-    unlinked: frozenset[Tile]  # memory tiles it would stage on without a link of its own there
 
     @property
     def nbytes(self) -> int:
@@ -75,24 +75,16 @@ def _stream(design: Design) -> _Stream:
     constants = set(design.meta.get("constants", ()))
     linked: dict[Tile, int] = defaultdict(int)
     channels: dict[Tile, set[str]] = defaultdict(set)
-    unlinked: set[Tile] = set()
     for task in design.runtime.tasks:
         fifo = design.fifo(task.fifo)
         if task.kind != "fill" or task.tensor not in constants or fifo.shim_placement is None:
             continue
-        # staged on the memory tile of its link, else on the one above its shim tile (the column it streams up)
         link = next((lk for lk in design.links if fifo.name in lk.srcs), None)
-        where = link.placement if link is not None and link.placement is not None else above(fifo.shim_placement)
-        if where != getattr(link, "placement", None):
-            unlinked.add(where)
-        linked[where] += nbytes(task.tap.n_elements, design.tensor(task.tensor).dtype)
+        if link is None or link.placement is None:  # straight from the shim to a core: nowhere to wait in L2
+            continue
+        linked[link.placement] += nbytes(task.tap.n_elements, design.tensor(task.tensor).dtype)
         channels[fifo.shim_placement].add(fifo.channel)
-    return _Stream(dict(linked), {t: len(c) for t, c in channels.items()}, frozenset(unlinked))
-
-
-def above(shim: Tile) -> Tile:
-    """The memory tile of a shim tile's column."""
-    return Tile(shim.col, MEM_ROW)
+    return _Stream(dict(linked), {t: len(c) for t, c in channels.items()})
 
 
 def _mm2s_used(design: Design) -> dict[Tile, int]:
@@ -140,17 +132,16 @@ def prefetch(
         if previous is not None:
             j = out[previous]
             drain_s = j.drain_cycles / j.clock_hz
-            landing = _channel_free(s, designs[previous], "s2mm", s.unlinked)
+            landing = _channel_free(s, designs[previous], drained=True)
             parts.append((drain_s, landing * min(feed, _left(cal, j.ddr_write_bytes, drain_s))))
             for k in range(previous + 1, i):
-                share = _free_share(s, _mm2s_used(designs[k]), mm2s) * _channel_free(s, designs[k], "s2mm", s.linked)
+                share = _free_share(s, _mm2s_used(designs[k]), mm2s) * _channel_free(s, designs[k])
                 parts.append((out[k].seconds, min(feed * share, _left(cal, out[k].ddr_bytes, out[k].seconds))))
         fill_s = t.fill_cycles / t.clock_hz
-        parts.append((fill_s, _channel_free(s, d, "s2mm", s.unlinked) * min(feed, _left(cal, own_reads, fill_s))))
+        parts.append((fill_s, min(feed, _left(cal, own_reads, fill_s))))  # on its own links' channels
         previous = i
         ahead = sum(sec * rate for sec, rate in parts) - hop_s * feed
         room = min((free.get(m, 0) * s.nbytes / b for m, b in s.linked.items()), default=0.0)
-        room *= _channel_free(s, d, "mm2s", s.unlinked)  # the region is read out while launch i runs
         fetched = int(max(min(ahead, room, s.nbytes), 0.0))
         if fetched <= 0:
             continue
@@ -171,19 +162,29 @@ def _left(cal: Calibration, nbytes: float, seconds: float) -> float:
     return max(cal.ddr_bytes_per_s - (nbytes / seconds if seconds > 0 else 0.0), 0.0)
 
 
-def _channel_free(s: _Stream, design: Design, side: str, tiles) -> float:
-    """1 when ``design`` leaves one DMA channel of ``side`` free on each of ``tiles`` (memory tiles the stream
-    stages on) for the prefetch, else 0. A stream's own link moves its prefetch on its own channels while the link's
-    launch fills and after the launch before it has drained, so those parts check only the tiles where it has no
-    link; a launch running in between may use any channel of any tile, so it is checked on all of them."""
-    dev = design.device
-    have = dev.mem.s2mm_channels if side == "s2mm" else dev.mem.mm2s_channels
+def _channel_free(s: _Stream, design: Design, drained: bool = False) -> float:
+    """1 when ``design``, running meanwhile, leaves an S2MM channel free on every memory tile the stream stages on
+    (for the prefetch to land through), else 0. ``drained``: ``design`` is the weight launch before, in its drain,
+    so the channels its own weight links used are free again."""
+    have = design.device.mem.s2mm_channels
     use = _use(design)
-    for m in tiles:
-        u = use.get(m, TileUse())
-        if (u.s2mm if side == "s2mm" else u.mm2s) + 1 > have:
+    weights = _weight_s2mm(design) if drained else {}
+    for m in s.linked:
+        busy = use.get(m, TileUse()).s2mm - weights.get(m, 0)
+        if busy + 1 > have:
             return 0.0
     return 1.0
+
+
+def _weight_s2mm(design: Design) -> dict[Tile, int]:
+    """S2MM channels of each memory tile that a launch's constant (weight) links take."""
+    constants = set(design.meta.get("constants", ()))
+    fed = {t.fifo for t in design.runtime.tasks if t.kind == "fill" and t.tensor in constants}
+    out: dict[Tile, int] = defaultdict(int)
+    for lk in design.links:
+        if lk.placement is not None and fed & set(lk.srcs):
+            out[lk.placement] += len(lk.srcs)
+    return dict(out)
 
 
 _USES: dict[int, tuple[Design, dict[Tile, TileUse]]] = {}
