@@ -131,6 +131,7 @@ def test_bench_splits_a_one_dispatch_decode_by_launch_kind(model_dir, capsys):
     one = [g for g in m["groups"] if g["stage"] == "decode" and g["name"] == "decode_one_dispatch"]
     assert len(one) == 1 and one[0]["dispatch_ms"] == pytest.approx(dl["seconds"] * 1e3, rel=1e-12)
     assert sum(k["launches"] for k in dl["kinds"]) == dl["launches"] > 2 * 9  # two layers' launches, and the head
+    assert dl["prefetch"] is None  # AIR's plan does not fetch weights ahead (``npu/prefetch.py``)
     for k in dl["kinds"]:
         assert 0 < k["fill_drain_s"] < k["seconds"]
         assert k["ddr_s"] == pytest.approx(k["ddr_bytes"] / CALIBRATION.ddr_bytes_per_s)

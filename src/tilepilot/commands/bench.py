@@ -120,6 +120,14 @@ def bench(
             "dispatch_s": g.dispatch_overhead_s,
             "switches_and_config_s": g.launch_overhead_s,
             "kinds": g.by_kind(library.cal.ddr_bytes_per_s),
+            # a resident pass's weight prefetch (``npu/prefetch.py``): launches that fetched ahead, bytes, time saved
+            "prefetch": {
+                "launches": len(g.prefetched),
+                "bytes": sum(p.nbytes for p in g.prefetched),
+                "saved_s": sum(p.saved_s for p in g.prefetched),
+            }
+            if plan.decode.prefetch
+            else None,
         }
     # same-model comparison: the same model's paper-like and iron-like plans, timed by the same model in this run
     plans = {name: builtin_plan(name, spec) for name in ("paper-like", "iron-like")}
@@ -281,6 +289,12 @@ def _print(res: dict[str, Any]) -> None:
                 ", ".join(f"{b} {n}" for b, n in sorted(k["bounds"].items())),
             )  # fmt: skip
         con.print(kinds)
+        if dl.get("prefetch"):
+            pf = dl["prefetch"]
+            con.print(
+                f"weight prefetch (modeled): {pf['launches']} launches fetched {pf['bytes'] / 1e6:.1f} MB ahead into "
+                f"memory-tile regions, {pf['saved_s'] * 1e3:.3f} ms per token saved"
+            )
     # one table per stage, headers over two lines and no outer edge: readable whole in an 80-column terminal
     for stage in dict.fromkeys(g["stage"] for g in m["groups"]):
         groups = Table(
