@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             "bound_fraction": r["bound_fraction"],
             "ttft_s": r["ttft_s"],
             "bf16_ttft_s": bf["ttft_s"],
-            "met": all(bool(rows) for rows in met.values()),
+            "met": bool(set.intersection(*(set(rows) for rows in met.values()))),  # one row, at both contexts
             "met_at_context": {ctx: bool(rows) for ctx, rows in met.items()},
             "met_by": met,
             "kv_ceiling": r["kv_ceiling"],

@@ -1,51 +1,60 @@
 """Weight prefetch in a resident pass: a launch's weights fetched into memory-tile regions before it starts (modeled).
 
-Why: in a resident decode every launch pays its pipeline fill and drain, and the launches that stream no weights
-(RoPE, the cache write, attention) leave DDR partly idle, yet a matrix-vector launch's weights depend on nothing
-earlier in the pass. So the stream of launch i's weights may run ahead into a region of the memory tiles its
-weight links sit on, while the launches before it finish; launch i then reads that part from L2 and streams only
-the rest from DDR during its own steady state. GPU and Tenstorrent runtimes call the technique weight prefetching.
-No silicon figure informs it: every number here is the timing model's, under its constants.
+Why: in a resident decode the launches that stream no weights (RoPE, the cache write, attention) and every launch's
+drain leave DDR partly idle, yet a matrix-vector launch's weights depend on nothing earlier in the pass. So the head
+of launch i's weight stream may be fetched into a region of the memory tiles its weight links sit on while the
+launches before it finish; launch i then reads that head from L2 and streams only the rest from DDR. GPU and
+Tenstorrent runtimes call the technique weight prefetching. No silicon figure informs it: every number here is the
+timing model's, under its constants, and the schedule is deliberately conservative.
 
-Only weights that already pass a memory-tile link (``FifoLink``: a split or forward on the way to the cores) are
-fetched ahead: the link's own channels write the region and read it out (one more BD each), so no route changes. A
-stream from the shim straight into a core has nowhere to wait in L2 and is left as it is.
+**What moves.** Only weights that already pass a memory-tile link (``FifoLink``, a split or forward on their way to
+the cores) are fetched ahead: each such weight fifo (a *feed*) writes its head into two halves of a region beside its
+link, through the link's own S2MM channel, and the link reads them out in order before its usual buffers. A stream
+from the shim straight into a core has nowhere to wait in L2 and is left as it is.
 
-The schedule, per launch i with such constant inputs (``Design.meta["constants"]``: weights, a fused norm's gain):
+**When.** The window of launch i runs from the drain of the previous weight launch j (whose weights are then
+consumed, so the channels of its weight links are free again) through every launch k between j and i; it ends when
+launch i starts (its own fill is not credited: the fitted hop latency already carries what a refill costs). A pass's
+first weight launch gets nothing. In each part a feed is active only where
 
-- its **window** runs from the drain of the previous such launch j (whose weights are then consumed, so its weight
-  links' channels are free) through every launch between j and i to the end of i's own pipeline fill (its links'
-  channels are its own); a pass's first such launch has only its fill;
-- in each part of the window the prefetch moves bytes at ``min(i's own weight feed rate x the share of i's shim
-  MM2S channels the part leaves free, the DDR rate left beside the part's own DDR traffic)``, and at nothing in a
-  part whose launch leaves no S2MM channel free on one of i's memory tiles; one DMA hop latency (the shim -> memory
-  tile path) is taken off at i's feed rate;
-- it holds at most what the memory tiles have free after the pass's packing, in the proportion i's stream uses
-  each of them, and never more than i's linked constant bytes.
+- its shim MM2S channel is free: fifos take a shim tile's channels in the order of their first task, so a feed in
+  channel slot s is free while the launch running meanwhile uses fewer than s + 1 channels there;
+- the memory tile of its link has an S2MM channel free for each of i's feeds landing there;
+- the shim tile has a BD free for each of i's feeds beside the running launch's own.
 
-Launch i is timed with that many fewer DDR bytes, and kept as it was where that is not faster. Its shim-channel and
-memory-tile limits keep every byte and its fill and drain are unchanged (conservative: the prefetched bytes crossed
-the same shim channel earlier, and reading them from L2 could shorten the fill; neither is credited).
+Active feeds move bytes at their share of launch i's own weight rate, all together at most the DDR rate the running
+launch leaves (its DDR bytes over its time, taken off the calibrated rate); each run of activity starts one DMA hop
+latency late (the stream's restart). A feed fetches at most its own bytes, and a memory tile holds at most what the
+pass's packing leaves free there.
 
-Legality: one region per memory tile, reused by every launch in turn (a launch consumes its prefetched head first,
-before the next launch's prefetch starts in its drain), sized to the largest share any launch puts there, with two
-more buffer descriptors and two locks. A memory tile whose budgets do not allow that holds no region.
+**What it saves.** The halves are a ping-pong pair: while launch i reads the first half out, the rest of the stream
+can only wait for it, so DDR idles for that readout (half the head at the launch's rate without the DDR limit);
+from then on DDR streams the tail while the second half and the region's refills are read. The DDR side of launch i
+is ``readout of half the head + (DDR bytes - head) / DDR rate``; its steady time is the larger of that and every
+other limit (compute, shim and memory-tile channels, which still carry every byte: conservative). Fill and drain are
+unchanged. A launch this does not make faster fetches nothing.
+
+**Legality.** A memory tile holds one region per weight-link layout of the pass that passes it (buffer descriptors
+are fixed per transfer pattern): two write BDs, two read BDs per destination of the link, four locks; its memory is
+the largest head any launch puts there. A memory tile where those BDs and locks do not fit beside the packing holds
+no region. The regions are added to the packing's demand and checked against every budget (``regions_use``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tilepilot.npu.calibration import Calibration
-from tilepilot.npu.design import Design, nbytes
+from tilepilot.npu.design import Design, FifoLink, nbytes
 from tilepilot.npu.device import Tile
-from tilepilot.npu.resources import TileUse, resource_use
-from tilepilot.npu.timing import DesignTiming, evaluate, profile
+from tilepilot.npu.resources import TileUse, add_use, resource_use
+from tilepilot.npu.timing import DesignTiming
 
-REGION_BDS = 2  # the region's write and read descriptors
-REGION_LOCKS = 2  # its producer and consumer locks
+HALVES = 2  # a region is a ping-pong pair: written during the window, read out in order by the link
+REGION_LOCKS = 4  # per region: a producer and a consumer lock for each half
 
 
 @dataclass(frozen=True)
@@ -59,22 +68,40 @@ class Prefetched:
 
 
 @dataclass(frozen=True)
-class _Stream:
-    """What a launch's constant inputs ask of the array: bytes per memory tile they would be staged on, and MM2S
-    channels per shim tile."""
+class _Feed:
+    """One weight fifo of a launch that passes a memory-tile link: where it comes from and lands, and its bytes."""
 
-    linked: dict[Tile, int]
-    channels: dict[Tile, int]
+    shim: Tile
+    slot: int  # its MM2S channel on the shim tile (fifos take channels in the order of their first task)
+    mem: Tile
+    layout: tuple  # its link's transfer pattern (kind, source and destination object sizes)
+    reads: int  # the link's destinations: one read BD each per half
+    nbytes: int
 
-    @property
-    def nbytes(self) -> int:
-        return sum(self.linked.values())
+
+def _slots(design: Design) -> dict[str, int]:
+    """Channel slot of each carrying fifo on its shim tile: fills take a tile's MM2S channels in first-use order."""
+    seen: dict[Tile, list[str]] = defaultdict(list)
+    for task in design.runtime.tasks:
+        fifo = design.fifo(task.fifo)
+        if task.kind == "fill" and fifo.shim_placement is not None and fifo.channel not in seen[fifo.shim_placement]:
+            seen[fifo.shim_placement].append(fifo.channel)
+    return {ch: i for chans in seen.values() for i, ch in enumerate(chans)}
 
 
-def _stream(design: Design) -> _Stream:
+def _layout(design: Design, link: FifoLink) -> tuple:
+    return (
+        link.kind,
+        tuple(design.fifo(f).obj_bytes for f in link.srcs),
+        tuple(design.fifo(f).obj_bytes for f in link.dsts),
+    )
+
+
+def feeds(design: Design) -> list[_Feed]:
+    """The launch's weight fifos (``Design.meta["constants"]``) that pass a memory-tile link, with their bytes."""
     constants = set(design.meta.get("constants", ()))
-    linked: dict[Tile, int] = defaultdict(int)
-    channels: dict[Tile, set[str]] = defaultdict(set)
+    slots = _slots(design)
+    out: dict[str, _Feed] = {}
     for task in design.runtime.tasks:
         fifo = design.fifo(task.fifo)
         if task.kind != "fill" or task.tensor not in constants or fifo.shim_placement is None:
@@ -82,12 +109,173 @@ def _stream(design: Design) -> _Stream:
         link = next((lk for lk in design.links if fifo.name in lk.srcs), None)
         if link is None or link.placement is None:  # straight from the shim to a core: nowhere to wait in L2
             continue
-        linked[link.placement] += nbytes(task.tap.n_elements, design.tensor(task.tensor).dtype)
-        channels[fifo.shim_placement].add(fifo.channel)
-    return _Stream(dict(linked), {t: len(c) for t, c in channels.items()})
+        size = nbytes(task.tap.n_elements, design.tensor(task.tensor).dtype)
+        was = out.get(fifo.name)
+        out[fifo.name] = _Feed(
+            fifo.shim_placement,
+            slots[fifo.channel],
+            link.placement,
+            _layout(design, link),
+            len(link.dsts),
+            size + (was.nbytes if was else 0),
+        )
+    return list(out.values())
 
 
-def _mm2s_used(design: Design) -> dict[Tile, int]:
+def _region_claim(layouts: dict[tuple, int]) -> TileUse:
+    """BDs and locks of the regions of these link layouts (layout -> its link's destinations) on one memory tile."""
+    return TileUse(bds=sum(HALVES * (1 + reads) for reads in layouts.values()), locks=REGION_LOCKS * len(layouts))
+
+
+def _layouts(designs: Sequence[Design]) -> dict[Tile, dict[tuple, int]]:
+    """Per memory tile, every weight-link layout the pass's feeds use there."""
+    out: dict[Tile, dict[tuple, int]] = defaultdict(dict)
+    for d in {id(d): d for d in designs}.values():
+        for f in feeds(d):
+            out[f.mem][f.layout] = f.reads
+    return out
+
+
+def regions_free(designs: Sequence[Design], use: dict[Tile, TileUse]) -> dict[Tile, int]:
+    """Bytes of head a memory tile may hold after the pass's packing (``use``): its free memory, or nothing where the
+    regions of every weight-link layout passing it would break its BD or lock budget."""
+    dev = designs[0].device
+    r = dev.mem
+    out = {}
+    for tile, layouts in _layouts(designs).items():
+        u, claim = use.get(tile, TileUse()), _region_claim(layouts)
+        fits = u.bds + claim.bds <= r.bds and u.locks + claim.locks <= r.locks
+        out[tile] = max(r.memory_bytes - u.memory, 0) if fits else 0
+    return out
+
+
+def regions_use(designs: Sequence[Design], use: dict[Tile, TileUse], heads: dict[Tile, int]) -> dict[Tile, TileUse]:
+    """The packing's demand with the regions holding ``heads`` bytes (memory tile -> largest head) added: what a
+    prefetching pass claims, for the validator's budgets."""
+    layouts = _layouts(designs)
+    out = dict(use)
+    for tile, held in heads.items():
+        total = TileUse()
+        add_use(total, use.get(tile, TileUse()))
+        add_use(total, _region_claim(layouts[tile]))
+        total.add_memory(held, f"weight prefetch regions ({len(layouts[tile])} layouts)")
+        out[tile] = total
+    return out
+
+
+def prefetch(
+    designs: Sequence[Design], timings: Sequence[DesignTiming], free: dict[Tile, int], cal: Calibration
+) -> tuple[list[DesignTiming], list[Prefetched], dict[Tile, int]]:
+    """The pass's launches retimed with their weights prefetched (see the module docstring), what each launch
+    fetched ahead, and the head each memory tile holds at most (bytes)."""
+    out = list(timings)
+    done: list[Prefetched] = []
+    heads: dict[Tile, int] = {}
+    dev = designs[0].device
+    hop_s = cal.dma_hop_latency_cycles / dev.clock_hz
+    previous: int | None = None
+    for i, (d, t) in enumerate(zip(designs, timings, strict=True)):
+        fs = [f for f in feeds(d) if _shim_bds_left(d, f.shim, sum(g.shim == f.shim for g in feeds(d)))]
+        if not fs:
+            continue
+        j, previous = previous, i
+        if j is None:
+            continue  # nothing runs before the pass's first weight launch
+        total = sum(f.nbytes for f in fs)
+        rate = total / (t.steady_cycles / t.clock_hz) if t.steady_cycles > 0 else 0.0
+        parts = [(designs[j], out[j].drain_cycles / out[j].clock_hz, out[j].ddr_write_bytes, True)]
+        parts += [(designs[k], out[k].seconds, out[k].ddr_bytes, False) for k in range(j + 1, i)]
+        got = _fetch(fs, parts, rate, hop_s, cal)
+        for mem in {f.mem for f in fs}:  # a memory tile holds at most its free memory
+            on = [n for n, f in enumerate(fs) if f.mem == mem]
+            held = sum(got[n] for n in on)
+            if held > free.get(mem, 0):
+                for n in on:
+                    got[n] *= free.get(mem, 0) / held
+        fetched = int(sum(got))
+        new = _retimed(t, fetched, cal) if fetched > 0 else t
+        if new.seconds >= t.seconds:
+            continue
+        out[i] = new
+        done.append(Prefetched(i, fetched, t.seconds - new.seconds))
+        for mem in {f.mem for f in fs}:
+            held = math.ceil(sum(g for g, f in zip(got, fs, strict=True) if f.mem == mem))
+            heads[mem] = max(heads.get(mem, 0), min(held, free.get(mem, 0)))
+    return out, done, heads
+
+
+def _fetch(fs: list[_Feed], parts: list, rate: float, hop_s: float, cal: Calibration) -> list[float]:
+    """Bytes each feed fetches over the window's parts (launch running meanwhile, seconds, its DDR bytes, whether it
+    is the weight launch before in its drain)."""
+    total = sum(f.nbytes for f in fs)
+    got = [0.0] * len(fs)
+    late = [hop_s] * len(fs)  # what is left of each feed's restart latency
+    for design, seconds, ddr_bytes, drained in parts:
+        active = _active(fs, design, drained)
+        want = sum(rate * fs[n].nbytes / total for n in active)
+        left = max(cal.ddr_bytes_per_s - (ddr_bytes / seconds if seconds > 0 else 0.0), 0.0)
+        scale = min(1.0, left / want) if want > 0 else 0.0
+        for n in range(len(fs)):
+            if n not in active:
+                late[n] = hop_s
+                continue
+            moving = max(seconds - late[n], 0.0)
+            late[n] = max(late[n] - seconds, 0.0)
+            got[n] = min(got[n] + moving * rate * fs[n].nbytes / total * scale, fs[n].nbytes)
+    return got
+
+
+def _active(fs: list[_Feed], design: Design, drained: bool) -> set[int]:
+    """The feeds that can move while ``design`` runs (``drained``: the weight launch before, in its drain)."""
+    use = _use(design)
+    dev = design.device
+    mm2s = {} if drained else _shim_channels(design)
+    active = {n for n, f in enumerate(fs) if f.slot >= mm2s.get(f.shim, 0)}
+    freed = _weight_s2mm(design) if drained else {}
+    for mem in {f.mem for f in fs}:
+        landing = [n for n in active if fs[n].mem == mem]
+        busy = use.get(mem, TileUse()).s2mm - freed.get(mem, 0)
+        if busy + len(landing) > dev.mem.s2mm_channels:
+            active -= set(landing)
+    for shim in {f.shim for f in fs}:
+        going = [n for n in active if fs[n].shim == shim]
+        if use.get(shim, TileUse()).bds + len(going) > dev.shim.bds:
+            active -= set(going)
+    return active
+
+
+def _retimed(t: DesignTiming, head: int, cal: Calibration) -> DesignTiming:
+    """``t`` with ``head`` bytes of its weights read from L2 (see the module docstring, "What it saves")."""
+    clock = t.clock_hz
+    other = max((c for name, c in t.limits if name != "ddr"), default=0.0)
+    ddr_bytes = t.ddr_read_bytes + t.ddr_write_bytes
+    reading = ddr_bytes / (other / clock) if other > 0 else float("inf")  # the launch's rate without the DDR limit
+    ddr_side = (head / HALVES / reading + (ddr_bytes - head) / cal.ddr_bytes_per_s) * clock
+    steady = max(other, ddr_side)
+    if steady >= t.steady_cycles:
+        return t
+    limits = tuple((name, ddr_side if name == "ddr" else c) for name, c in t.limits)
+    limiter, bound = ("ddr", "ddr") if ddr_side >= other else _tightest(t, other)
+    cycles = t.cycles - t.steady_cycles + steady
+    return replace(
+        t, seconds=cycles / clock, cycles=cycles, steady_cycles=steady, limits=limits, limiter=limiter, bound=bound
+    )
+
+
+def _tightest(t: DesignTiming, cycles: float) -> tuple[str, str]:
+    """The limit of ``t`` that takes ``cycles``, and its kind: a worker's own bound, else a DMA channel's."""
+    name = next(name for name, c in t.limits if c == cycles and name != "ddr")
+    worker = next((w for w in t.workers if f"worker {w.name}" == name), None)
+    return name, worker.bound if worker is not None else "dma"
+
+
+def _shim_bds_left(design: Design, shim: Tile, extra: int) -> bool:
+    """Whether the launch's own task groups leave ``extra`` BDs on ``shim`` (a fetched head splits each weight task
+    in two: the head fetched earlier, the tail during the launch)."""
+    return _use(design).get(shim, TileUse()).bds + extra <= design.device.shim.bds
+
+
+def _shim_channels(design: Design) -> dict[Tile, int]:
     """MM2S channels a launch keeps busy on each shim tile (its fills' carrying fifos)."""
     used: dict[Tile, set[str]] = defaultdict(set)
     for task in design.runtime.tasks:
@@ -97,93 +285,11 @@ def _mm2s_used(design: Design) -> dict[Tile, int]:
     return {t: len(c) for t, c in used.items()}
 
 
-def regions_free(designs: Sequence[Design], use: dict[Tile, TileUse]) -> dict[Tile, int]:
-    """Bytes a prefetch region may take on each memory tile after the pass's packing (``use``): the tile's free
-    memory, or nothing where two more BDs or locks would break its budgets (its channels are checked per launch)."""
-    dev = designs[0].device
-    r = dev.mem
-    out = {}
-    for tile in dev.mem_tiles():
-        u = use.get(tile, TileUse())
-        fits = u.bds + REGION_BDS <= r.bds and u.locks + REGION_LOCKS <= r.locks
-        out[tile] = max(r.memory_bytes - u.memory, 0) if fits else 0
-    return out
-
-
-def prefetch(
-    designs: Sequence[Design], timings: Sequence[DesignTiming], free: dict[Tile, int], cal: Calibration
-) -> tuple[list[DesignTiming], list[Prefetched], dict[Tile, int]]:
-    """The pass's launches retimed with their weights prefetched (see the module docstring), what each launch
-    fetched ahead, and the region each memory tile holds (bytes; the claim a legal pass makes)."""
-    out = list(timings)
-    done: list[Prefetched] = []
-    regions: dict[Tile, int] = {}
-    hop_s = cal.dma_hop_latency_cycles / designs[0].device.clock_hz
-    mm2s = designs[0].device.shim.mm2s_channels
-    previous: int | None = None
-    for i, (d, t) in enumerate(zip(designs, timings, strict=True)):
-        s = _stream(d)
-        if s.nbytes == 0:
-            continue
-        steady_s = t.steady_cycles / t.clock_hz
-        feed = s.nbytes / steady_s if steady_s > 0 else 0.0
-        own_reads = max(t.ddr_read_bytes - s.nbytes, 0)
-        parts = []  # (seconds, rate) of each part of the window
-        if previous is not None:
-            j = out[previous]
-            drain_s = j.drain_cycles / j.clock_hz
-            landing = _channel_free(s, designs[previous], drained=True)
-            parts.append((drain_s, landing * min(feed, _left(cal, j.ddr_write_bytes, drain_s))))
-            for k in range(previous + 1, i):
-                share = _free_share(s, _mm2s_used(designs[k]), mm2s) * _channel_free(s, designs[k])
-                parts.append((out[k].seconds, min(feed * share, _left(cal, out[k].ddr_bytes, out[k].seconds))))
-        fill_s = t.fill_cycles / t.clock_hz
-        parts.append((fill_s, min(feed, _left(cal, own_reads, fill_s))))  # on its own links' channels
-        previous = i
-        ahead = sum(sec * rate for sec, rate in parts) - hop_s * feed
-        room = min((free.get(m, 0) * s.nbytes / b for m, b in s.linked.items()), default=0.0)
-        fetched = int(max(min(ahead, room, s.nbytes), 0.0))
-        if fetched <= 0:
-            continue
-        p = profile(d)
-        new = replace(evaluate(replace(p, ddr_read=p.ddr_read - fetched), cal), name=t.name)
-        new = replace(new, ddr_read_bytes=t.ddr_read_bytes)  # the launch's traffic: every byte still crosses DDR
-        if new.seconds >= t.seconds:  # not bound by its DDR stream: fetching ahead would buy nothing
-            continue
-        out[i] = new
-        done.append(Prefetched(i, fetched, t.seconds - new.seconds))
-        for m, b in s.linked.items():
-            regions[m] = max(regions.get(m, 0), -(-fetched * b // s.nbytes))
-    return out, done, regions
-
-
-def _left(cal: Calibration, nbytes: float, seconds: float) -> float:
-    """DDR rate left beside a part moving ``nbytes`` in ``seconds``."""
-    return max(cal.ddr_bytes_per_s - (nbytes / seconds if seconds > 0 else 0.0), 0.0)
-
-
-def _channel_free(s: _Stream, design: Design, drained: bool = False) -> float:
-    """1 when ``design``, running meanwhile, leaves an S2MM channel free on every memory tile the stream stages on
-    (for the prefetch to land through), else 0. ``drained``: ``design`` is the weight launch before, in its drain,
-    so the channels its own weight links used are free again."""
-    have = design.device.mem.s2mm_channels
-    use = _use(design)
-    weights = _weight_s2mm(design) if drained else {}
-    for m in s.linked:
-        busy = use.get(m, TileUse()).s2mm - weights.get(m, 0)
-        if busy + 1 > have:
-            return 0.0
-    return 1.0
-
-
 def _weight_s2mm(design: Design) -> dict[Tile, int]:
-    """S2MM channels of each memory tile that a launch's constant (weight) links take."""
-    constants = set(design.meta.get("constants", ()))
-    fed = {t.fifo for t in design.runtime.tasks if t.kind == "fill" and t.tensor in constants}
+    """S2MM channels of each memory tile that a launch's weight links take (free again in its drain)."""
     out: dict[Tile, int] = defaultdict(int)
-    for lk in design.links:
-        if lk.placement is not None and fed & set(lk.srcs):
-            out[lk.placement] += len(lk.srcs)
+    for f in feeds(design):
+        out[f.mem] += 1
     return dict(out)
 
 
@@ -198,10 +304,3 @@ def _use(design: Design) -> dict[Tile, TileUse]:
             _USES.clear()
         hit = _USES[id(design)] = (design, resource_use(design))
     return hit[1]
-
-
-def _free_share(s: _Stream, used: dict[Tile, int], channels: int) -> float:
-    """Share of a prefetching launch's shim MM2S channels that a launch running meanwhile leaves free."""
-    total = sum(s.channels.values())
-    free = sum(min(n, max(channels - used.get(t, 0), 0)) for t, n in s.channels.items())
-    return free / total if total else 0.0

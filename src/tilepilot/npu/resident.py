@@ -35,7 +35,7 @@ from tilepilot.npu.calibration import CALIBRATION, Calibration
 from tilepilot.npu.design import Design
 from tilepilot.npu.device import Device, Tile
 from tilepilot.npu.placer import SequentialPlacer, translate
-from tilepilot.npu.prefetch import Prefetched, regions_free
+from tilepilot.npu.prefetch import Prefetched, regions_free, regions_use
 from tilepilot.npu.prefetch import prefetch as weight_prefetch
 from tilepilot.npu.resources import TileUse, add_use, resource_claims
 from tilepilot.npu.timing import GroupTiming, time_design
@@ -346,7 +346,10 @@ def time_resident(
     timings = tuple(time_design(d, cal) for d in placed)
     fetched: tuple[Prefetched, ...] = ()
     if prefetch:
-        retimed, done, _ = weight_prefetch(placed, timings, regions_free(placed, packing.use), cal)
+        retimed, done, heads = weight_prefetch(placed, timings, regions_free(placed, packing.use), cal)
+        problems = budget_problems(designs[0].device, regions_use(placed, packing.use, heads))
+        if problems:  # by construction never: a timed pass is a legal one
+            raise DesignError(problems, f"resident pass {name} with its weight prefetch regions")
         timings, fetched = tuple(retimed), tuple(done)
     configure = packing.tiles(designs[0].device) * cal.tile_config_s
     seconds = cal.dispatch_overhead_s + configure + sum(t.seconds for t in timings)

@@ -158,6 +158,7 @@ class KernelLibrary:
         """Modeled time of one dispatch holding the given launches (multi-launch groups are flattened); ``resident``:
         the launches packed into the array and configured once (``npu.resident``; DesignError when they do not fit),
         ``prefetch``: their weights fetched ahead into free memory-tile regions (``npu.prefetch``)."""
+        prefetch = prefetch and resident  # only a resident pass has the regions
         gkey = (name, tuple(keys), resident, prefetch)
         if gkey not in self._groups:
             designs = []

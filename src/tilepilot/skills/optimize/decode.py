@@ -39,10 +39,10 @@ skips the masked ones); AIR then built a template per window so the readback mat
   (``plan.resident.fit_resident``), so it runs last, after tile tuning. A decode still dispatched per group (the
   switches made one dispatch slower) is fused first, with the windowed readback.
 
-- ``weight-prefetch``: in a resident decode, every GEMV launch's weights run ahead into memory-tile regions the
-  packing leaves free, during the drain of the launch before, the launches that stream no weights and its own
-  pipeline fill (``StagePlan.prefetch``, ``npu/prefetch.py``): the launch streams only the rest from DDR. Same
-  designs, same numbers; a modeled schedule with no silicon figure behind it.
+- ``weight-prefetch``: in a resident decode, the head of every GEMV launch's weights is fetched into memory-tile
+  regions the packing leaves free, during the drain of the weight launch before it and the launches in between
+  (``StagePlan.prefetch``, ``npu/prefetch.py``): the launch streams the rest from DDR once half the head is read.
+  Same designs, same numbers; a modeled schedule with no silicon figure behind it.
 
 All are proposals: ``optimize.common.try_proposal`` keeps them only when the modeled decode is strictly faster, the
 prefill is not slower and the model gate passes; every attempt is a row of ``perf_opt_traj.md`` with its before/after
@@ -373,20 +373,21 @@ class ResidentDecode(PlanOptimization):
 class WeightPrefetch(PlanOptimization):
     name = "weight-prefetch"
     description = (
-        "Lets each GEMV launch of a resident decode fetch its weights ahead into memory-tile regions the packing "
-        "leaves free, while the launches before it drain, run attention or fill their pipelines. Use when the decode "
-        "stage is one resident dispatch whose GEMVs are bound by the DDR weight stream."
+        "Lets each GEMV launch of a resident decode fetch the head of its weights into memory-tile regions the "
+        "packing leaves free, while the weight launch before it drains and the launches in between run. Use when the "
+        "decode stage is one resident dispatch whose GEMVs are bound by the DDR weight stream."
     )
     purpose = (
-        "Keeps DDR streaming weights through the gaps between launches (fill, drain, RoPE, cache write), so a "
+        "Keeps DDR streaming weights through the gaps between launches (drains, RoPE, the cache write), so a "
         "resident decode comes closer to its weight-streaming bound; the designs and their numbers are unchanged."
     )
     commands = ("tilepilot skills run weight-prefetch WORKSPACE --json",)
     gate_text = _GATE
     inputs = (_WS,)
     failure_modes = (
-        "No memory tile has the free memory, BDs or locks for a region, or every launch before a GEMV keeps the "
-        "memory tiles' S2MM channels busy: nothing is fetched ahead and the proposal is not faster, so not kept.",
+        "No memory tile has the free memory, BDs or locks for a region, or the launches before a GEMV keep its shim "
+        "channels, its memory tiles' S2MM channels or DDR busy: nothing is fetched ahead and the proposal is not "
+        "faster, so not kept.",
         "The schedule is the timing model's (no silicon measurement of a prefetching pass exists): read its gain as a "
         "modeled one.",
     )
