@@ -190,3 +190,26 @@ def test_host_attention_is_priced_on_the_caches_stored_bytes_and_decode(tiny_mod
         for kv in ("bf16", "q8_0")
     }
     assert t["q8_0"].decode_s_per_token != t["bf16"].decode_s_per_token
+
+
+def test_a_host_cache_write_is_priced_on_its_stored_rows_and_the_encode(tiny_model):
+    """The paper-like prefill writes the cache on the host: a quantized cache's rows cost their stored bytes and the
+    encode of every value (``KV_ENCODE_OPS``), not a bf16 copy."""
+    from tilepilot.runtime.dispatcher import KV_ENCODE_OPS, CpuOpTimer
+    from tilepilot.runtime.timing import time_plan
+
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    rows = 256
+    cost = {}
+    for kv in ("bf16", "q8_0"):
+        t = time_plan(with_weights(paper_like_plan(spec), WeightFormat(kv_cache=kv)), spec, prompt_len=rows)
+        (g,) = [g for g in t.stage_groups("prefill") if g.name == "cpu_kv_cache"]
+        cost[kv] = g.cpu_s
+    width = 2 * spec.kv_dim
+    stored = rows * (width // 32) * 34  # q8_0: 34 bytes per block of 32
+    timer = CpuOpTimer()
+    base = 2 * rows * (width + width)  # reads the K and V rows, writes bf16
+    expect_bf16 = timer.seconds(base, 0)
+    expect_q8 = timer.seconds(base - 2 * rows * width + stored, KV_ENCODE_OPS * rows * width)
+    assert cost["bf16"] == pytest.approx(expect_bf16 * spec.n_layers)
+    assert cost["q8_0"] == pytest.approx(expect_q8 * spec.n_layers)

@@ -246,6 +246,8 @@ class KVState:
 
 # Host operations per value to decode a quantized KV cache's blocks (convert, scale; ESTIMATE) for host attention.
 KV_DECODE_OPS = 2
+# ... and to encode a row into blocks on the host (abs and max over its block, scale, round and pack; ESTIMATE).
+KV_ENCODE_OPS = 4
 
 # The only op whose kernel shape depends on the cached context (``kernels.bind``: attention reads the KV rows).
 CONTEXT_KINDS = ("attention",)
@@ -596,6 +598,10 @@ class Dispatcher:
             nbytes += wbytes
             nbytes += 2 * p.rows * (node.width + in_width)
             flops += cpu_flops(node.kind, p.rows, p.context, node.width + in_width, wbytes // 2, s)
+            if node.kind == "kv_write" and kv.cache is not None and kv.cache.fmt != "bf16":
+                # the rows land as stored blocks, not bf16, after the host encodes every value
+                nbytes += p.rows * kv.cache.row_width * kv.cache.dtype.itemsize - 2 * p.rows * node.width
+                flops += KV_ENCODE_OPS * p.rows * node.width
             if node.kind == "attention":
                 cache = kv.cache
                 if cache is None or cache.fmt == "bf16":
