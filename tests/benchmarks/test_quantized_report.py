@@ -89,3 +89,17 @@ def test_the_goal_is_met_only_where_both_contexts_meet_it(qz):
         del r["at_goal_context"]
     old = {**data, "goal": {k: v for k, v in goal.items() if k not in ("met_at_context", "at_goal_context")}}
     assert "## Decode at context 1024" not in qz.render(old)
+
+
+def test_goal_rows_are_the_4bit_rows_meeting_decode_bound_and_ttft_at_each_context(qz):
+    bf = _row("bf16", 30.0, 0.95, 31.0, 0.97)
+    head = _row("q4_0+head", 86.0, 0.85, 92.0, 0.905)  # TTFT as bf16's: meets at 1024 only
+    kv = _row("q4_0+head+kv4", 93.0, 0.91, 95.0, 0.93)  # meets decode and bound at both, but TTFT is worse
+    kv["ttft_s"] = bf["ttft_s"] * 1.01
+    q8 = _row("q8_0", 90.0, 0.95, 95.0, 0.96)  # not a 4-bit row
+    rows = qz.goal_rows([bf, head, kv, q8], 2048)
+    assert rows == {"2048": [], "1024": ["q4_0+head"]}
+    head["decode_tok_s"], head["bound_fraction"] = 93.0, 0.91
+    assert qz.goal_rows([bf, head, kv, q8], 2048) == {"2048": ["q4_0+head"], "1024": ["q4_0+head"]}
+    head["at_goal_context"]["decode_tok_s"] = 60.0  # below 65 tok/s at 1024
+    assert qz.goal_rows([bf, head, kv, q8], 2048)["1024"] == []

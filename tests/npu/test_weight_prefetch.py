@@ -165,3 +165,19 @@ def test_a_stream_straight_from_the_shim_to_a_core_is_not_fetched_ahead():
 def test_a_pass_without_weights_is_the_same_pass():
     designs = [_add(), _add(4, 2048)]
     assert time_resident("p", designs, prefetch=True) == time_resident("p", designs)
+
+
+def test_a_memory_tile_without_room_claims_no_region_and_the_pass_stays_legal():
+    designs, use = _packed()
+    timings = [time_design(d) for d in designs]
+    tiles = sorted({f.mem for f in pf.feeds(designs[2])})
+    free = {t: (0 if t == tiles[0] else 20_000) for t in tiles}  # no room on the first: its feeds fetch nothing
+    _, done, heads = pf.prefetch(designs, timings, free, CALIBRATION)
+    assert done and tiles[0] not in heads and set(heads) == set(tiles[1:])
+    r = designs[0].device.mem
+    full = dict(use)
+    full[tiles[0]] = TileUse(bds=r.bds, locks=use[tiles[0]].locks)  # a tile at its BD budget holds no region ...
+    free = pf.regions_free(designs, full)
+    assert free[tiles[0]] == 0
+    _, _, heads = pf.prefetch(designs, timings, free, CALIBRATION)
+    assert tiles[0] not in heads and budget_problems(designs[0].device, pf.regions_use(designs, full, heads)) == []

@@ -199,8 +199,9 @@ def prefetch(
         out[i] = new
         done.append(Prefetched(i, fetched, t.seconds - new.seconds))
         for mem in {f.mem for f in fs}:
-            held = math.ceil(sum(g for g, f in zip(got, fs, strict=True) if f.mem == mem))
-            heads[mem] = max(heads.get(mem, 0), min(held, free.get(mem, 0)))
+            held = min(math.ceil(sum(g for g, f in zip(got, fs, strict=True) if f.mem == mem)), free.get(mem, 0))
+            if held > 0:  # a tile that holds nothing claims no region
+                heads[mem] = max(heads.get(mem, 0), held)
     return out, done, heads
 
 
