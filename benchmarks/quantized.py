@@ -387,7 +387,7 @@ def render(data: dict[str, Any]) -> str:
             "## Goal check (issue 14)",
             "",
             f"{g['model']} at {g['format']}, context {n}: modeled decode {g['decode_tok_s']:.2f} tok/s (goal >= "
-            f"{GOAL['decode_tok_s']:.0f}), {100 * g['bound_fraction']:.0f} % of the plan's weight-streaming bound "
+            f"{GOAL['decode_tok_s']:.0f}), {100 * g['bound_fraction']:.1f} % of the plan's weight-streaming bound "
             f"(goal >= {100 * GOAL['bound_fraction']:.0f} %), TTFT {g['ttft_s']:.3f} s vs bf16 "
             f"{g['bf16_ttft_s']:.3f} s: "
             f"**{'met' if g.get('met_at_context', {}).get(str(n), g['met']) else 'not met'}**. Where the time goes is "
@@ -400,7 +400,7 @@ def render(data: dict[str, Any]) -> str:
             out += [
                 "",
                 f"At FastFlowLM's context ({a['context']}), the same plan: {a['decode_tok_s']:.2f} tok/s, "
-                f"{100 * a['bound_fraction']:.0f} % of the bound: **{verdict}**. "
+                f"{100 * a['bound_fraction']:.1f} % of the bound: **{verdict}**. "
                 f"The bound counts weights only; reading the KV cache at the same DDR rate caps any plan at "
                 f"{100 * g['kv_ceiling']:.0f} % of it at context {n} and {100 * a['kv_ceiling']:.0f} % at "
                 f"{a['context']} (`kv ceiling` above), before any other cost. The goal is "
