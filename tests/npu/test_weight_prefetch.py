@@ -82,7 +82,7 @@ def test_feeds_move_only_while_their_shim_channel_is_free():
     assert {f.slot for f in fs} == {0, 1}
     add_cols = {f.shim_placement for f in designs[1].fifos if f.shim_placement is not None}
     active = pf._active(fs, designs[1], drained=False)
-    busy = pf._shim_channels(designs[1])
+    busy = {t: len(c) for t, c in pf._of(designs[1]).channels.items()}
     for n, f in enumerate(fs):  # the add takes both channels of its column: those feeds wait
         assert (n in active) == (f.shim not in add_cols or f.slot >= busy[f.shim])
     assert len(active) < len(fs)
@@ -92,20 +92,21 @@ def test_feeds_move_only_while_their_shim_channel_is_free():
 def test_the_gemv_before_frees_only_its_weight_channels_in_its_drain():
     designs, _ = _packed()
     gemv, fs = designs[0], pf.feeds(designs[2])
-    use = pf._use(gemv)
+    use = pf._of(gemv).use
     assert all(use[f.mem].s2mm == gemv.device.mem.s2mm_channels for f in fs)  # splits and joins take all six
     assert pf._active(fs, gemv, drained=False) == set()  # while it runs, nothing lands beside it
-    assert all(n == 2 for n in pf._weight_s2mm(gemv).values())  # in its drain its two weight splits' are free
+    assert all(n == 2 for n in pf._of(gemv).weight_s2mm.values())  # in its drain its two weight splits' are free
 
 
 def test_a_shim_without_bds_left_or_ddr_without_headroom_moves_nothing(monkeypatch):
     designs, _ = _packed()
     fs = pf.feeds(designs[2])
     full = TileUse(bds=designs[0].device.shim.bds)
-    real = pf._use
-    monkeypatch.setattr(pf, "_use", lambda d: {f.shim: full for f in fs} if d is designs[0] else real(d))
+    real = pf._of
+    starved = replace(real(designs[0]), use={f.shim: full for f in fs})
+    monkeypatch.setattr(pf, "_of", lambda d: starved if d is designs[0] else real(d))
     assert pf._active(fs, designs[0], drained=True) == set()
-    monkeypatch.setattr(pf, "_use", real)
+    monkeypatch.setattr(pf, "_of", real)
     rate = 1e9
     saturated = [(designs[0], 1e-5, CALIBRATION.ddr_bytes_per_s * 1e-5, True)]  # DDR busy the whole part
     assert pf._fetch(fs, saturated, rate, 0.0, CALIBRATION) == [0.0] * len(fs)

@@ -79,14 +79,14 @@ class _Feed:
     nbytes: int
 
 
-def _slots(design: Design) -> dict[str, int]:
-    """Channel slot of each carrying fifo on its shim tile: fills take a tile's MM2S channels in first-use order."""
+def _channels(design: Design) -> dict[Tile, list[str]]:
+    """The carrying fifos of each shim tile's MM2S channels, in the order fills first use them (a fifo's slot)."""
     seen: dict[Tile, list[str]] = defaultdict(list)
     for task in design.runtime.tasks:
         fifo = design.fifo(task.fifo)
         if task.kind == "fill" and fifo.shim_placement is not None and fifo.channel not in seen[fifo.shim_placement]:
             seen[fifo.shim_placement].append(fifo.channel)
-    return {ch: i for chans in seen.values() for i, ch in enumerate(chans)}
+    return dict(seen)
 
 
 def _layout(design: Design, link: FifoLink) -> tuple:
@@ -99,8 +99,12 @@ def _layout(design: Design, link: FifoLink) -> tuple:
 
 def feeds(design: Design) -> list[_Feed]:
     """The launch's weight fifos (``Design.meta["constants"]``) that pass a memory-tile link, with their bytes."""
+    return _of(design).feeds
+
+
+def _feeds(design: Design, channels: dict[Tile, list[str]]) -> list[_Feed]:
     constants = set(design.meta.get("constants", ()))
-    slots = _slots(design)
+    slots = {ch: i for chans in channels.values() for i, ch in enumerate(chans)}
     out: dict[str, _Feed] = {}
     for task in design.runtime.tasks:
         fifo = design.fifo(task.fifo)
@@ -175,7 +179,8 @@ def prefetch(
     hop_s = cal.dma_hop_latency_cycles / dev.clock_hz
     previous: int | None = None
     for i, (d, t) in enumerate(zip(designs, timings, strict=True)):
-        fs = [f for f in feeds(d) if _shim_bds_left(d, f.shim, sum(g.shim == f.shim for g in feeds(d)))]
+        every = feeds(d)
+        fs = [f for f in every if _shim_bds_left(d, f.shim, sum(g.shim == f.shim for g in every))]
         if not fs:
             continue
         j, previous = previous, i
@@ -186,22 +191,23 @@ def prefetch(
         parts = [(designs[j], out[j].drain_cycles / out[j].clock_hz, out[j].ddr_write_bytes, True)]
         parts += [(designs[k], out[k].seconds, out[k].ddr_bytes, False) for k in range(j + 1, i)]
         got = _fetch(fs, parts, rate, hop_s, cal)
-        for mem in {f.mem for f in fs}:  # a memory tile holds at most its free memory
-            on = [n for n, f in enumerate(fs) if f.mem == mem]
-            held = sum(got[n] for n in on)
-            if held > free.get(mem, 0):
-                for n in on:
-                    got[n] *= free.get(mem, 0) / held
+        held: dict[Tile, float] = defaultdict(float)
+        for g, f in zip(got, fs, strict=True):
+            held[f.mem] += g
+        for n, f in enumerate(fs):  # a memory tile holds at most its free memory
+            if held[f.mem] > free.get(f.mem, 0):
+                got[n] *= free.get(f.mem, 0) / held[f.mem]
+        held = {m: min(b, free.get(m, 0)) for m, b in held.items()}
         fetched = int(sum(got))
         new = _retimed(t, fetched, cal) if fetched > 0 else t
         if new.seconds >= t.seconds:
             continue
         out[i] = new
         done.append(Prefetched(i, fetched, t.seconds - new.seconds))
-        for mem in {f.mem for f in fs}:
-            held = min(math.ceil(sum(g for g, f in zip(got, fs, strict=True) if f.mem == mem)), free.get(mem, 0))
-            if held > 0:  # a tile that holds nothing claims no region
-                heads[mem] = max(heads.get(mem, 0), held)
+        for mem, b in held.items():
+            b = min(math.ceil(b), free.get(mem, 0))
+            if b > 0:  # a tile that holds nothing claims no region
+                heads[mem] = max(heads.get(mem, 0), b)
     return out, done, heads
 
 
@@ -228,11 +234,11 @@ def _fetch(fs: list[_Feed], parts: list, rate: float, hop_s: float, cal: Calibra
 
 def _active(fs: list[_Feed], design: Design, drained: bool) -> set[int]:
     """The feeds that can move while ``design`` runs (``drained``: the weight launch before, in its drain)."""
-    use = _use(design)
-    dev = design.device
-    mm2s = {} if drained else _shim_channels(design)
+    of = _of(design)
+    use, dev = of.use, design.device
+    mm2s = {} if drained else {t: len(c) for t, c in of.channels.items()}
     active = {n for n, f in enumerate(fs) if f.slot >= mm2s.get(f.shim, 0)}
-    freed = _weight_s2mm(design) if drained else {}
+    freed = of.weight_s2mm if drained else {}
     for mem in {f.mem for f in fs}:
         landing = [n for n in active if fs[n].mem == mem]
         busy = use.get(mem, TileUse()).s2mm - freed.get(mem, 0)
@@ -273,35 +279,32 @@ def _tightest(t: DesignTiming, cycles: float) -> tuple[str, str]:
 def _shim_bds_left(design: Design, shim: Tile, extra: int) -> bool:
     """Whether the launch's own task groups leave ``extra`` BDs on ``shim`` (a fetched head splits each weight task
     in two: the head fetched earlier, the tail during the launch)."""
-    return _use(design).get(shim, TileUse()).bds + extra <= design.device.shim.bds
+    return _of(design).use.get(shim, TileUse()).bds + extra <= design.device.shim.bds
 
 
-def _shim_channels(design: Design) -> dict[Tile, int]:
-    """MM2S channels a launch keeps busy on each shim tile (its fills' carrying fifos)."""
-    used: dict[Tile, set[str]] = defaultdict(set)
-    for task in design.runtime.tasks:
-        fifo = design.fifo(task.fifo)
-        if task.kind == "fill" and fifo.shim_placement is not None:
-            used[fifo.shim_placement].add(fifo.channel)
-    return {t: len(c) for t, c in used.items()}
+@dataclass(frozen=True)
+class _Launch:
+    """What the schedule reads of one placed design, computed once: a pass repeats its layers' designs 16-30 times."""
+
+    use: dict[Tile, TileUse]  # ``resource_use``
+    channels: dict[Tile, list[str]]  # its shim MM2S channels' carrying fifos (``_channels``)
+    feeds: list[_Feed]
+    weight_s2mm: dict[Tile, int]  # S2MM channels of each memory tile its weight links take (free in its drain)
 
 
-def _weight_s2mm(design: Design) -> dict[Tile, int]:
-    """S2MM channels of each memory tile that a launch's weight links take (free again in its drain)."""
-    out: dict[Tile, int] = defaultdict(int)
-    for f in feeds(design):
-        out[f.mem] += 1
-    return dict(out)
+_LAUNCHES: dict[int, tuple[Design, _Launch]] = {}
 
 
-_USES: dict[int, tuple[Design, dict[Tile, TileUse]]] = {}
-
-
-def _use(design: Design) -> dict[Tile, TileUse]:
-    """``resource_use`` of a placed design, remembered by identity (a pass repeats its layers' designs)."""
-    hit = _USES.get(id(design))
+def _of(design: Design) -> _Launch:
+    """``_Launch`` of a placed design, remembered by identity (the design held, so the id is not reused)."""
+    hit = _LAUNCHES.get(id(design))
     if hit is None or hit[0] is not design:
-        if len(_USES) > 4096:
-            _USES.clear()
-        hit = _USES[id(design)] = (design, resource_use(design))
+        if len(_LAUNCHES) > 4096:
+            _LAUNCHES.clear()
+        channels = _channels(design)
+        fs = _feeds(design, channels)
+        weight_s2mm: dict[Tile, int] = defaultdict(int)
+        for f in fs:
+            weight_s2mm[f.mem] += 1
+        hit = _LAUNCHES[id(design)] = (design, _Launch(resource_use(design), channels, fs, dict(weight_s2mm)))
     return hit[1]
