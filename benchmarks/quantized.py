@@ -50,6 +50,7 @@ from tilepilot.parallel import fork_map
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
 from tilepilot.plan.merge import (
+    cached_rope_stage,
     gated_stage,
     merged_stage,
     normed_rope_stage,
@@ -139,9 +140,9 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     plan = merged_stage(plan) or plan
     plan.name = f"tilepilot-{label}"
     plan = tuned(plan, spec)
-    # rmsnorm-prologue, residual-epilogue, swiglu-epilogue, qk-norm-into-rope, each kept only when it makes this pass
-    # faster (as the decode phase keeps a skill)
-    for fold in (normed_stage, residual_stage, gated_stage, normed_rope_stage):
+    # rmsnorm-prologue, residual-epilogue, swiglu-epilogue, qk-norm-into-rope, kv-write-into-rope, each kept only when
+    # it makes this pass faster (as the decode phase keeps a skill)
+    for fold in (normed_stage, residual_stage, gated_stage, normed_rope_stage, cached_rope_stage):
         folded = fold(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
         if folded is not None:
             folded = tuned(folded, spec)
@@ -315,13 +316,15 @@ def render(data: dict[str, Any]) -> str:
         "format), Q/K/V and gate/up as one multi-matrix GEMV launch each, Q's and K's RoPE and Qwen2's Q/K/V biases "
         "as one launch each (`multi-matrix-launches`, bf16 and quantized alike; the one dispatch's groups are joined "
         "into one per layer, so where the paper split O + FFN into several ELFs gate/up merge too); Qwen3's per-head "
-        "Q/K norms inside the RoPE launch (`qk-norm-into-rope`, every format); the RMSNorms "
+        "Q/K norms inside the RoPE launch (`qk-norm-into-rope`, every format); a quantized KV cache's write inside the "
+        "RoPE launch that rotates K (`kv-write-into-rope`); the RMSNorms "
         "before Q/K/V and gate/up (and the final norm before a packed LM head), the residual adds and the SwiGLU "
         "folded into the GEMV launch next to them (`rmsnorm-prologue`, `residual-epilogue`, `swiglu-epilogue`, bf16 "
         "and quantized GEMVs alike; each "
         "fold kept only when it makes the pass faster; bit-identical), then made **resident** (`resident-decode`: "
         "every launch packed into the array and configured once, no design switch between launches, configs refitted "
-        "where they do not fit together; fitted also with the merged RoPE, the merged biases, the folds and the "
+        "where they do not fit together; fitted also with the merged RoPE, the merged biases, the KV-cache writes in "
+        "RoPE, the folds and the "
         "multi-matrix GEMVs split (`plan.merge.packing_alternatives`), the fastest kept; when that fit leaves a weight "
         "stream below the DDR rate that a config alone would stream at (`plan.resident.squeezed`), a walk from it "
         "fits every structure one merged run or fold less and moves to the fastest while it beats the best, "

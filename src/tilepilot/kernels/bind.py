@@ -341,7 +341,56 @@ class NormedRope(_Merged):
         return list(torch.split(y, [int(x.shape[1]) for x in inputs], dim=1))
 
 
-MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear | NormedRope
+@dataclass(frozen=True)
+class CachedRope(_Merged):
+    """One RoPE launch that also writes a quantized KV cache, members in this order: the RoPE ops (K's last), then
+    optionally the per-head norms feeding them (``NormedRope``), then the ``kv_write`` of K's rotated rows and V's rows
+    (``kernels/rope.py``, its cache-write epilogue). V's rows ride in x after the rotated heads; the launch writes
+    the RoPE outputs other than K's (which only the write reads) and the cache's stored rows, each by the separate
+    kernels' own arithmetic, so the outputs equal the RoPE and KV-write launches bit for bit. The cache format is
+    the launch config's ``kv_format`` (``plan.apply_kv_cache`` sets it)."""
+
+    members: tuple[OpNode, ...]
+    tables = True
+
+    @property
+    def inner(self) -> MergedRope | NormedRope:
+        """The RoPE launch the write is folded into."""
+        rest = self.members[:-1]
+        return NormedRope(rest) if any(n.kind == "head_norm" for n in rest) else MergedRope(rest)
+
+    @property
+    def kv_write(self) -> OpNode:
+        return self.members[-1]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return (*self.inner.reads, self.kv_write.inputs[1])
+
+    @property
+    def writes(self) -> tuple[OpNode, ...]:
+        return (*self.inner.writes[:-1], self.kv_write)
+
+    def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
+        fmt = config.get("kv_format", "bf16")
+        if fmt == "bf16":
+            raise ConfigError(
+                f"ops {[n.op for n in self.members]}: a RoPE launch writing the KV cache needs its config's kv_format "
+                "(a quantized cache; a bf16 cache is written by the producers' drains, apply_kv_cache sets it)"
+            )
+        return replace(self.inner.shape(family, spec, rows, config), kv_format=fmt, kv_heads=spec.n_kv_heads)
+
+    def run(
+        self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
+    ) -> list[torch.Tensor]:
+        """``inputs``: the RoPE ops' (or their norms') inputs, K's last, then V's rows; ``weights``: the norms'."""
+        norm = {"g": torch.stack(weights)} if weights else {}
+        out = _rope_fast(design, {**args, "_in": [torch.cat(inputs, dim=1)], **norm}, spec)
+        ys = list(torch.split(out["y"], [int(x.shape[1]) for x in inputs[:-2]], dim=1)) if "y" in out else []
+        return [*ys, out["kv"]]
+
+
+MergedLaunch = MergedLinear | MergedRope | MergedBias | FoldedLinear | NormedRope | CachedRope
 _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, "bias": MergedBias}
 
 
@@ -349,8 +398,11 @@ def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
     ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read and/or a residual
     add or SwiGLU of their outputs: one GEMV launch with those folded in (``FoldedLinear``); RoPE ops followed by the
-    per-head norms that feed them: one RoPE launch normalizing first (``NormedRope``)."""
+    per-head norms that feed them: one RoPE launch normalizing first (``NormedRope``); either RoPE run followed by the
+    write of a quantized KV cache: one RoPE launch that also stores the cache's rows (``CachedRope``)."""
     kinds = [n.kind for n in members]
+    if len(kinds) > 1 and kinds[-1] == "kv_write" and kinds[0] == "rope":
+        return CachedRope(members)
     if len(set(kinds)) == 1 and kinds[0] in _MERGED_BY_KIND:
         return _MERGED_BY_KIND[kinds[0]](members)
     n_rope = kinds.count("rope")
@@ -403,6 +455,10 @@ def _rope_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: 
 
 
 def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
+    return _rope_fast(design, args, spec)["y"]
+
+
+def _rope_fast(design: Any, args: Args, spec: ModelSpec) -> dict[str, torch.Tensor]:
     """The pass's fp32-angle table, or, for a config whose ``angles`` differ, that precision's table of the call's
     positions (``args["start"]`` on), built here because the runner's one table serves every RoPE call."""
     cs_spec = design.tensor("cs")
@@ -412,7 +468,7 @@ def _rope_run(design: Any, args: Args, spec: ModelSpec) -> torch.Tensor:
         cs = family_module("rope").table_for(spec, int(args["start"]), cs.shape[0], "fp32", angles)
     cs = cs.to(torch_dtype(cs_spec.dtype))
     norm = {"g": args["g"]} if "g" in args else {}  # a per-head norm prologue's weights (``NormedRope``)
-    return design.fast({"x": args["_in"][0], "cs": cs, **norm})["y"]
+    return design.fast({"x": args["_in"][0], "cs": cs, **norm})
 
 
 def _swiglu_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:

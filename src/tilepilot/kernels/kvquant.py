@@ -78,10 +78,18 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
 
 def _check_shape(shape: Shape) -> None:
     rw.check_choice(FAMILY, "KV-cache format", shape.kv_format, tuple(f for f in KV_FORMATS if f != "bf16"))
-    if min(shape.rows, shape.width) < 1 or shape.width % GGUF_BLOCK:
-        raise st.shape_error(FAMILY, f"shape {shape} is empty or its rows are not whole {GGUF_BLOCK}-value blocks")
-    if shape.width // GGUF_BLOCK * block_bytes(shape.kv_format) % 4:
-        raise st.shape_error(FAMILY, f"a stored row of {shape.width} values is not whole 32-bit words")
+    if shape.rows < 1:
+        raise st.shape_error(FAMILY, f"shape {shape} is empty")
+    check_row(FAMILY, shape.width, shape.kv_format)
+
+
+def check_row(family: str, width: int, kv_format: str) -> None:
+    """A row of ``width`` values stored as ``kv_format`` blocks must be whole blocks in whole 32-bit words (the RoPE
+    launch that writes the cache checks its rows so too)."""
+    if width < 1 or width % GGUF_BLOCK:
+        raise st.shape_error(family, f"a stored row of {width} values is not whole {GGUF_BLOCK}-value blocks")
+    if width // GGUF_BLOCK * block_bytes(kv_format) % 4:
+        raise st.shape_error(family, f"a stored row of {width} values is not whole 32-bit words")
 
 
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:

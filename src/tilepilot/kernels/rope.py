@@ -22,18 +22,28 @@ them, as AIR fused Qwen3's per-head QK-norm into its attention-input ELF): x is 
 head is normalized with its own norm's weight (``g``, one head_dim row per norm, held by every worker) by the
 rmsnorm kernel's own arithmetic (``rmsnorm.normalize_rows``, one bf16 rounding) before it is rotated, so the launch
 equals the norm launches then RoPE bit for bit; the norms' launches and their outputs' DDR round trips are saved.
+
+KV-cache write epilogue (``Shape.kv_format`` "q8_0" or "q4_0": the ``kv_write`` of a quantized cache folded into the
+RoPE launch that rotates K, ``kernels.bind.CachedRope``): the last ``kv_heads`` heads of x are K's and V's rows ride
+after them in the same x object (x is [q | k | v] as the Q/K/V projections write them side by side); the launch writes
+the rotated Q heads as y and the cache's stored row of [rotated k | v] as ``kv``, quantized by the KV-write kernel's
+own quantizer (``model.quant.pack_kv_rows``, ``kernels/kvquant.py``), so it equals RoPE then the KV-write launch bit
+for bit. Inside a one-dispatch decode the write's own launch is mostly pipeline fill and drain (4.3 of Llama-3.2-1B's
+4.3 us per layer, modeled), and the rotated K's DDR round trip goes with it. A bf16 cache has no write launch to fold
+(the producers' drains land in the cache).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from tilepilot.kernels import _stream as st
-from tilepilot.kernels import rmsnorm
+from tilepilot.kernels import kvquant, rmsnorm
 from tilepilot.kernels import rowwise as rw
+from tilepilot.model.quant import GGUF_BLOCK, KV_FORMATS, kv_unit, pack_kv_rows
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu import numerics as nx
 from tilepilot.npu.design import Design, TensorSpec, TileKernel, torch_dtype
@@ -63,7 +73,8 @@ OPS_PER_ELEMENT = 4  # ESTIMATE: two fp32 multiplies, one add/sub, one bf16 conv
 @dataclass(frozen=True)
 class Shape:
     """``norm_heads``: a per-head RMSNorm prologue (module docstring), the heads each norm weight serves, in order
-    (Q's then K's), summing to ``heads``; () = none. ``norm_eps``: the norms' epsilon."""
+    (Q's then K's), summing to ``heads``; () = none. ``norm_eps``: the norms' epsilon. ``kv_format``: a KV-cache
+    write epilogue in that quantized format ("bf16" = none), whose K is the last ``kv_heads`` of the ``heads``."""
 
     rows: int  # tokens
     heads: int
@@ -71,6 +82,8 @@ class Shape:
     table_dtype: str = "bf16"
     norm_heads: tuple[int, ...] = ()
     norm_eps: float = 1e-6
+    kv_format: str = "bf16"
+    kv_heads: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,16 +94,45 @@ class Config(rw.RowConfig):
 
     layout: str = "half"
     angles: str = "fp32"
+    # the KV cache a write epilogue stores (``Shape.kv_format``): data, not tiling; the plan sets it on a launch that
+    # writes the cache (``plan.apply_kv_cache``), every candidate carries the shape's, a launch without one ignores it
+    kv_format: str = "bf16"
 
 
 def width(shape: Shape) -> int:
+    """Values rotated per token."""
     return shape.heads * shape.head_dim
+
+
+def writes_cache(shape: Shape) -> bool:
+    return shape.kv_format != "bf16"
+
+
+def x_width(shape: Shape) -> int:
+    """Values read per token: the rotated heads, then V's rows under a cache write."""
+    return width(shape) + (shape.kv_heads * shape.head_dim if writes_cache(shape) else 0)
+
+
+def y_width(shape: Shape) -> int:
+    """Values written per token as y: every rotated head, or under a cache write only those before K's."""
+    return width(shape) - (shape.kv_heads * shape.head_dim if writes_cache(shape) else 0)
+
+
+def kv_width(shape: Shape) -> int:
+    """Bytes of the cache's stored row per token under a cache write ([k | v] as ``kv_format`` blocks), else 0."""
+    return kv_unit(shape.kv_format, 2 * shape.kv_heads * shape.head_dim)[0] if writes_cache(shape) else 0
 
 
 def _x_stream(shape: Shape) -> st.Stream:
     """x's stream; with a norm prologue every x object also carries the norms' weights (one head_dim row each): a
     compute tile has two input channels, which x and the table already take."""
-    return st.Stream("x", width(shape), tail="g" if shape.norm_heads else None, tail_elements=_g_elements(shape))
+    return st.Stream("x", x_width(shape), tail="g" if shape.norm_heads else None, tail_elements=_g_elements(shape))
+
+
+def _out_streams(shape: Shape) -> list[st.Stream]:
+    """y (when any head is not K's under a cache write), then the stored rows under a cache write."""
+    ys = [st.Stream("y", y_width(shape))] if y_width(shape) else []
+    return ys + ([st.Stream("kv", kv_width(shape), "uint8")] if writes_cache(shape) else [])
 
 
 def _g_elements(shape: Shape) -> int:
@@ -99,7 +141,7 @@ def _g_elements(shape: Shape) -> int:
 
 def l1_bytes(shape: Shape, config: Config) -> int:
     ins = [_x_stream(shape), st.Stream("cs", shape.head_dim, shape.table_dtype)]
-    return st.l1_bytes(ins, [st.Stream("y", width(shape))], [], config.rows_per_call, config.depth, 0)
+    return st.l1_bytes(ins, _out_streams(shape), [], config.rows_per_call, config.depth, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -168,27 +210,48 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
     d = shape.head_dim
 
     def rope_tile(ins: list[torch.Tensor], outs: list[torch.Tensor], ctx) -> None:
-        x = ins[0]
-        if shape.norm_heads:  # x's object: the rows, then the norms' weights (``_x_stream``)
-            flat = x.view(-1)
-            x = normalize_heads(flat[: rpc * w].view(rpc, w), flat[rpc * w :].view(-1, d), shape)
-        outs[0].copy_(rotate_rows(x, ins[1], d, config.layout))
+        flat = ins[0].view(-1)  # x's object: the rows, then the norms' weights (``_x_stream``)
+        x = flat[: rpc * xw].view(rpc, xw)
+        g = flat[rpc * xw :].view(-1, d) if shape.norm_heads else None
+        y = rotate_rows(_prologue(shape, x, g), ins[1], d, config.layout)
+        for out, value in zip(outs, _epilogue(shape, y, x), strict=True):
+            out.copy_(value)
 
-    rpc, w = config.rows_per_call, width(shape)
+    rpc, w, xw = config.rows_per_call, width(shape), x_width(shape)
     tb = 2 if shape.table_dtype == "bf16" else 4
     normed = bool(shape.norm_heads)
     norm_ops = rpc * (w * rmsnorm.OPS_PER_ELEMENT + shape.heads * rmsnorm.OPS_PER_ROW) if normed else 0
+    kvw = 2 * shape.kv_heads * d if writes_cache(shape) else 0
+    write_ops = rpc * (kvw * kvquant.OPS_PER_VALUE + kvw // GGUF_BLOCK * kvquant.OPS_PER_BLOCK)
     return TileKernel(
         name=f"rope_{config.variant}_{shape.heads}x{d}"
         + ("" if config.layout == "half" else f"_{config.layout}")
         + ("" if config.angles == "fp32" else f"_angles_{config.angles}")
-        + ("_rms" if normed else ""),
+        + ("_rms" if normed else "")
+        + (f"_kv{shape.kv_format}" if kvw else ""),
         fn=rope_tile,
         variant=config.variant,
-        vector_ops_per_call=rpc * w * OPS_PER_ELEMENT + norm_ops,
-        bytes_per_call=rpc * (2 * 2 * w + tb * d) + 2 * _g_elements(shape),
+        vector_ops_per_call=rpc * w * OPS_PER_ELEMENT + norm_ops + write_ops,
+        bytes_per_call=rpc * (2 * xw + 2 * y_width(shape) + kv_width(shape) + tb * d) + 2 * _g_elements(shape),
         params={"head_dim": d},
     )
+
+
+def _prologue(shape: Shape, x: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """The heads to rotate of x's rows, each normalized first under a per-head norm prologue (V's rows riding after
+    them under a cache write are not rotated)."""
+    heads = x[:, : width(shape)]
+    return normalize_heads(heads, g, shape) if shape.norm_heads else heads
+
+
+def _epilogue(shape: Shape, y: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+    """The launch's outputs from the rotated heads ``y`` and x's rows (``_out_streams``' order): y, or under a cache
+    write the heads before K's, then the stored [rotated k | v] rows."""
+    if not writes_cache(shape):
+        return [y]
+    yw = y_width(shape)
+    kv = pack_kv_rows(torch.cat((y[:, yw:], x[:, width(shape) :]), dim=1), shape.kv_format)
+    return [y[:, :yw], kv] if yw else [kv]
 
 
 def _check(shape: Shape, config: Config) -> None:
@@ -200,19 +263,41 @@ def _check(shape: Shape, config: Config) -> None:
         raise st.shape_error(FAMILY, f"shape {shape} is empty or head_dim is not a multiple of 4 (two word halves)")
     if shape.norm_heads and (sum(shape.norm_heads) != shape.heads or min(shape.norm_heads) < 1):
         raise st.shape_error(FAMILY, f"norm heads {shape.norm_heads} do not cover the {shape.heads} heads once each")
+    _check_cache_write(shape)
+    if writes_cache(shape):
+        if config.kv_format != shape.kv_format:
+            raise st.shape_error(
+                FAMILY,
+                f"the config writes a {config.kv_format} cache but the cache is {shape.kv_format}; set kv_format",
+            )
+
+
+def _check_cache_write(shape: Shape) -> None:
+    """A cache write's format, K heads and stored row (checked before any tiling is sized by its bytes)."""
+    if not writes_cache(shape):
+        return
+    rw.check_choice(FAMILY, "KV-cache format", shape.kv_format, tuple(f for f in KV_FORMATS if f != "bf16"))
+    if not 1 <= shape.kv_heads <= shape.heads:
+        raise st.shape_error(FAMILY, f"a cache write needs 1 to {shape.heads} K heads, got {shape.kv_heads}")
+    kvquant.check_row(FAMILY, 2 * shape.kv_heads * shape.head_dim, shape.kv_format)
 
 
 def make_design(shape: Shape, config: Config | None = None, device: Device | None = None) -> Design:
     device = device or npu2()
+    _check_cache_write(shape)
     config = config or default_config(shape, device)
     _check(shape, config)
-    w = width(shape)
+    w = x_width(shape)
     inputs = [TensorSpec("x", (shape.rows, w)), TensorSpec("cs", (shape.rows, shape.head_dim), shape.table_dtype)]
     if shape.norm_heads:
         inputs.append(TensorSpec("g", (len(shape.norm_heads), shape.head_dim)))
+    outs = _out_streams(shape)
     prologue = ("prologue:rmsnorm(fp32)->bf16",) if shape.norm_heads else ()
+    epilogue = (f"epilogue:quantize:{shape.kv_format}(fp32 scale->fp16)",) if writes_cache(shape) else ()
     design = st.build(
-        name=f"rope_{shape.rows}x{shape.heads}x{shape.head_dim}" + ("_rms" if shape.norm_heads else ""),
+        name=f"rope_{shape.rows}x{shape.heads}x{shape.head_dim}"
+        + ("_rms" if shape.norm_heads else "")
+        + (f"_kv{shape.kv_format}" if writes_cache(shape) else ""),
         family=FAMILY,
         device=device,
         rows=shape.rows,
@@ -220,10 +305,10 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
         rows_per_call=config.rows_per_call,
         depth=config.depth,
         inputs=inputs,
-        outputs=[TensorSpec("y", (shape.rows, w))],
+        outputs=[TensorSpec(o.tensor, (shape.rows, o.width), o.dtype) for o in outs],
         streams_in=[_x_stream(shape), st.Stream("cs", shape.head_dim, shape.table_dtype)],
         held=[],
-        streams_out=[st.Stream("y", w)],
+        streams_out=outs,
         kernel=_kernel(shape, config),
         local_bytes=0,
         numerics=nx.Numerics(
@@ -231,7 +316,8 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
             "fp32",
             None,
             "bf16",
-            (*prologue, f"angles:{config.angles}", f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16"),
+            (*prologue, f"angles:{config.angles}", f"table:{shape.table_dtype}", "rotate:fp32", "output:bf16")
+            + epilogue,
         ),
         fast=_fast(shape, config.layout),
     )
@@ -240,9 +326,12 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
 
 
 def _fast(shape: Shape, layout: str = "half"):
+    names = [o.tensor for o in _out_streams(shape)]
+
     def fast(inputs: dict[str, torch.Tensor], *, exact: bool = False) -> dict[str, torch.Tensor]:
-        x = normalize_heads(inputs["x"], inputs["g"], shape) if shape.norm_heads else inputs["x"]
-        return {"y": rotate_rows(x, inputs["cs"], shape.head_dim, layout)}
+        x = inputs["x"]
+        y = rotate_rows(_prologue(shape, x, inputs.get("g")), inputs["cs"], shape.head_dim, layout)
+        return dict(zip(names, _epilogue(shape, y, x), strict=True))
 
     return fast
 
@@ -253,17 +342,25 @@ def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> di
     x, cs = inputs["x"], inputs["cs"]
     d = cs.shape[-1]
     half = d // 2
+    heads = x[:, : width(shape)] if shape is not None else x
     if shape is not None and shape.norm_heads:
-        x = normalize_heads(x, inputs["g"], shape, ops.rmsnorm)
+        heads = normalize_heads(heads, inputs["g"], shape, ops.rmsnorm)
     cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1).to(torch.float32)
     sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1).to(torch.float32)
-    y = ops.apply_rope(x.reshape(x.shape[0], -1, d), cos, sin)
-    return {"y": y.reshape(x.shape[0], -1)}
+    y = ops.apply_rope(heads.reshape(x.shape[0], -1, d), cos, sin).reshape(x.shape[0], -1)
+    if shape is None or not writes_cache(shape):
+        return {"y": y}
+    # the cache's stored bytes are defined by its format: the FP32 rotation rounded to bf16 (what the cache holds
+    # before it quantizes), then the KV-write kernel's quantizer
+    names = [o.tensor for o in _out_streams(shape)]
+    return dict(zip(names, _epilogue(shape, y.to(torch.bfloat16), x), strict=True))
 
 
 def candidate_configs(shape: Shape, device: Device | None = None) -> list[Config]:
-    """More tiles first (8 = one per column; more exhausts the shims), then more tokens per call."""
-    return rw.row_candidates(shape.rows, device or npu2(), lambda c: l1_bytes(shape, c), Config)
+    """More tiles first (8 = one per column; more exhausts the shims), then more tokens per call; under a cache
+    write each carries the shape's format."""
+    cands = rw.row_candidates(shape.rows, device or npu2(), lambda c: l1_bytes(shape, c), Config)
+    return [replace(c, kv_format=shape.kv_format) for c in cands] if writes_cache(shape) else cands
 
 
 def default_config(shape: Shape, device: Device | None = None) -> Config:

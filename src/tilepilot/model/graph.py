@@ -31,11 +31,12 @@ KIND_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 # Op kinds a GEMV launch serves when small ops fold into it (``kernels.bind.FoldedLinear``), and the kinds that fold:
-# the RMSNorm its ops read (a prologue), the residual add or SwiGLU of their outputs (an epilogue); and a per-head
-# norm, which folds into the RoPE launch that reads it (``kernels.bind.NormedRope``).
+# the RMSNorm its ops read (a prologue), the residual add or SwiGLU of their outputs (an epilogue); a per-head
+# norm, which folds into the RoPE launch that reads it (``kernels.bind.NormedRope``); and a quantized cache's write,
+# which folds into the RoPE launch that rotates K (``kernels.bind.CachedRope``).
 LINEAR_KINDS = ("linear", "lm_head")
 EPILOGUE_KINDS = ("add", "swiglu")
-FOLDED_KINDS = ("rmsnorm", "head_norm", *EPILOGUE_KINDS)
+FOLDED_KINDS = ("rmsnorm", "head_norm", *EPILOGUE_KINDS, "kv_write")
 
 CPU_FAMILY = "cpu"
 # plans saved before CPU calls were named "cpu" called them "host"; they load as CPU_FAMILY

@@ -371,6 +371,14 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                     if not isinstance(c.config, dict):
                         problems.append(f"{where} op {c.op} has a non-object config")
                 problems += merge_problems(g, graph, where)
+                for m in g.merged:  # a RoPE launch writing the cache writes the plan's format (apply_kv_cache)
+                    first = next((c for c in g.calls if c.op == m[0]), None)
+                    if m[-1] in expected and graph.node(m[-1]).kind == "kv_write" and first is not None:
+                        if first.config.get("kv_format") != wf.kv_cache:
+                            problems.append(
+                                f"{where} op {m[0]} writes the KV cache as {first.config.get('kv_format')!r} but the "
+                                f"plan's cache is {wf.kv_cache}; set its config kv_format (apply_kv_cache)"
+                            )
     return problems
 
 
@@ -406,6 +414,9 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
             problems.append(f"{what} repeats ops of another merge; an op runs in one launch")
         seen |= set(m)
         nodes = [graph.node(o) for o in m]
+        if nodes[-1].kind == "kv_write":
+            problems += _cached_rope_problems(what, g, m, nodes, graph)
+            continue
         if any(n.kind == "head_norm" for n in nodes):
             problems += _normed_rope_problems(what, g, m, nodes, graph)
             continue
@@ -513,6 +524,35 @@ def _normed_rope_problems(what: str, g: KernelGroup, m: list[str], nodes: list, 
     return problems
 
 
+def _cached_rope_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
+    """Why a RoPE run writing the KV cache (``kernels.bind.CachedRope``: RoPE ops, K's last, optionally their per-head
+    norms, then the ``kv_write``) cannot be one launch: the RoPE run without the write must be one launch itself (a
+    single RoPE op, or ``merge_problems``' RoPE or normed RoPE run); the write runs as kvquant (a quantized cache,
+    whose format the launch's config names: ``validate_plan`` checks it); it stores K's rotated rows (the last RoPE
+    op's output, which nothing else reads) and V's rows computed before the run's first op."""
+    calls = {c.op: c for c in g.calls}
+    rest, kv = nodes[:-1], nodes[-1]
+    ropes = [n for n in rest if n.kind == "rope"]
+    if not ropes or rest[0].kind != "rope" or any(n.kind not in ("rope", "head_norm") for n in rest):
+        return [f"{what}: a RoPE run writing the KV cache is RoPE ops (K's last), their norms, then kv_write, got {m}"]
+    problems = []
+    if len(rest) > 1:
+        problems += merge_problems(KernelGroup(g.name, g.calls, merged=[[n.op for n in rest]]), graph, what)
+    elif calls[rest[0].op].family != "rope":
+        problems.append(f"{what}: {rest[0].op} must run as rope")
+    if calls[kv.op].family != "kvquant":
+        problems.append(f"{what}: {kv.op} runs as {calls[kv.op].family}; only a quantized cache's kvquant write folds")
+    k_rope = ropes[-1]
+    if kv.inputs[0] != k_rope.output:
+        problems.append(f"{what}: {kv.op} must store the last RoPE op's output, K's")
+    readers = set(graph.readers(k_rope.output)) - set(m)
+    if readers:
+        problems.append(f"{what}: {sorted(readers)} also read {k_rope.output}, which the launch does not write")
+    if kv.inputs[1] in _computed_from(g, graph, m[0]):
+        problems.append(f"{what}: {kv.inputs[1]} is computed at or after {m[0]}; the launch runs there")
+    return problems
+
+
 def _kv_cache_problems(where: str, c: KernelCall, kind: str, fmt: str) -> list[str]:
     """Why an NPU KV-cache op does not match the plan's cache format (``apply_kv_cache`` makes them match)."""
     if kind == "kv_write" and c.family != kv_write_family(fmt):
@@ -577,15 +617,22 @@ def kv_write_family(fmt: str) -> str:
 def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
     """``plan`` (changed in place) with its NPU KV-cache ops matching its KV-cache format (``WeightFormat.kv_cache``):
     its writes of ``kv_write_family`` and, for a quantized cache, its writes and attention launches naming the
-    format (config ``kv_format``). Every change that moves ops onto the NPU calls it, so a plan never reads a cache
-    in another format than it writes."""
+    format (config ``kv_format``), as does a RoPE launch writing it (``kernels.bind.CachedRope``), which a bf16 cache
+    takes apart (its write is the producers' drain). Every change that moves ops onto the NPU calls it, so a plan
+    never reads a cache in another format than it writes."""
     fmt = plan.weight_format().kv_cache
     graph = block_graph(plan.model_spec())
     for stage in STAGES:
         for g in plan.stage(stage).groups():
             if g.where != "npu":
                 continue
+            if fmt == "bf16":  # no write launch to fold: a RoPE launch that wrote a quantized cache writes RoPE's
+                kept = ([o for o in m if graph.node(o).kind != "kv_write"] for m in g.merged)
+                g.merged = [r for r in kept if len(r) > 1]
+            writing = {m[0] for m in g.merged if graph.node(m[-1]).kind == "kv_write"}  # RoPE launches that write it
             for c in g.calls:
+                if c.op in writing:
+                    c.config["kv_format"] = fmt
                 kind = graph.node(c.op).kind
                 if kind == "kv_write":
                     c.family = kv_write_family(fmt)

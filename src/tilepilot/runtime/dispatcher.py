@@ -463,6 +463,12 @@ class Dispatcher:
                 else:
                     outs = bound.run(design, ins, ws, extra, self.spec)
                 for n, o in zip(bound.writes, outs, strict=True):
+                    if n.kind == "kv_write":  # a RoPE launch's cache-write epilogue (``CachedRope``): stored rows
+                        if not p.dry:
+                            kv.cache.write_stored(layer, o)
+                        kv.side[layer] = "npu"
+                        internal[KV_STATE] = o
+                        continue
                     internal[n.output] = o
                     produced.append(n.output)
                 continue

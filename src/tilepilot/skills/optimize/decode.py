@@ -60,6 +60,7 @@ from tilepilot.npu.validate import DesignError
 from tilepilot.parallel import fork_map
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
 from tilepilot.plan.merge import (
+    cached_rope_stage,
     gated_stage,
     merged_stage,
     normed_rope_stage,
@@ -281,6 +282,31 @@ class QkNormIntoRope(_FoldIntoLaunch):
     what = "prologue"
     into = "RoPE launch"
     fold = staticmethod(normed_rope_stage)
+
+
+class KvWriteIntoRope(_FoldIntoLaunch):
+    name = "kv-write-into-rope"
+    description = (
+        "Runs a quantized KV cache's write (the q8_0/q4_0 blocks of the step's K and V rows) inside the RoPE launch "
+        "that rotates K: V's rows ride in the same x object, and the launch writes the rotated Q heads and the cache's "
+        "stored rows. Use when a decode with a quantized KV cache (deploy --kv-cache) launches a kvquant write per "
+        "layer."
+    )
+    purpose = (
+        "Removes the cache write's launch of every layer (inside a one-dispatch decode mostly pipeline fill and drain) "
+        "and K's rotated rows' DDR round trip; the stored bytes are bit-identical (the KV-write kernel's quantizer)."
+    )
+    commands = ("tilepilot skills run kv-write-into-rope WORKSPACE --json",)
+    failure_modes = (
+        "A bf16 cache has no write launch (the producers' drains land in the cache): nothing to fold.",
+        "K's RoPE output read by anything but the write, or V computed after the RoPE launch: the write stays its own "
+        "launch.",
+        "The fused launch's fourth fifo needs two more locks on its tile; in a resident pass packed to the lock limit "
+        "(Llama-3.2-1B q4_0 with a q4_0 cache) the refit costs more than the launch saved, and the phase reverts it.",
+    )
+    what = "epilogue"
+    into = "RoPE launch"
+    fold = staticmethod(cached_rope_stage)
 
 
 class ResidentDecode(PlanOptimization):

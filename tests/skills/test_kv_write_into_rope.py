@@ -1,0 +1,105 @@
+"""A quantized KV cache's write folded into the RoPE launch that rotates K (``kernels.bind.CachedRope``): a decode pass
+with it computes the unfused pass's logits bit for bit with one launch fewer per layer (with and without Qwen3's
+per-head norms in the same launch); the plan refuses a fold it cannot run and takes it apart for a bf16 cache; the
+``kv-write-into-rope`` skill is kept only when faster and correct."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from folds import assert_same_logits_fewer_launches
+
+from tilepilot.harness.model_gate import model_gate
+from tilepilot.kernels.bind import CachedRope, merged_launch
+from tilepilot.model.checkpoint import load_checkpoint
+from tilepilot.model.graph import block_graph
+from tilepilot.model.quant import WeightFormat
+from tilepilot.plan.air_q4 import fused_stage
+from tilepilot.plan.builtin import paper_like_plan
+from tilepilot.plan.merge import (
+    cached_rope_stage,
+    merged_stage,
+    normed_rope_stage,
+    packing_alternatives,
+    split_moves,
+    split_stage,
+)
+from tilepilot.plan.plan import validate_plan, with_weights
+from tilepilot.skills.optimize.decode import KvWriteIntoRope
+
+
+def _runs(plan) -> list[list[str]]:
+    return [m for g in plan.decode.block for m in g.merged]
+
+
+def _merged(spec, fmt: WeightFormat):
+    return merged_stage(fused_stage(with_weights(paper_like_plan(spec), fmt)))
+
+
+@pytest.mark.parametrize(
+    ("family", "kv", "run"),
+    [
+        ("llama", "q4_0", ["rope_q", "rope_k", "kv_write"]),
+        ("qwen3", "q8_0", ["rope_q", "rope_k", "q_norm", "k_norm", "kv_write"]),
+    ],
+)
+def test_a_decode_pass_with_the_write_in_rope_gives_the_same_logits_with_a_launch_fewer(tiny_model, family, kv, run):
+    ck = load_checkpoint(tiny_model(family, layers=2))
+    merged = _merged(ck.spec, WeightFormat("q4_0", kv_cache=kv))
+    if family == "qwen3":
+        merged = normed_rope_stage(merged)
+    folded = cached_rope_stage(merged)
+    assert folded is not None and validate_plan(folded) == [] and cached_rope_stage(folded) is None
+    assert run in _runs(folded)
+    assert all(c.config["kv_format"] == kv for g in folded.decode.block for c in g.calls if c.op == "rope_q")
+    # taking the write out gives the RoPE launch back; taking RoPE apart leaves no run of the write alone
+    assert _runs(split_stage(folded, kinds=("kv_write",))) == _runs(merged)
+    assert not any("kv_write" in m for m in _runs(split_stage(folded, kinds=("rope",))))
+    assert any("KV-cache writes in RoPE" in how for _, how in packing_alternatives(folded))
+    assert any(how == "kv_write out of rope_q's launch" for _, how in split_moves(folded))
+    assert_same_logits_fewer_launches(merged, folded, ck, ck.spec.n_layers)
+
+
+def test_k_alone_in_its_rope_launch_takes_the_write_too(tiny_model):
+    ck = load_checkpoint(tiny_model("llama", layers=1))
+    plain = fused_stage(with_weights(paper_like_plan(ck.spec), WeightFormat("q8_0", kv_cache="q8_0")))
+    folded = cached_rope_stage(plain)
+    assert folded is not None and validate_plan(folded) == [] and ["rope_k", "kv_write"] in _runs(folded)
+    launch = merged_launch(tuple(block_graph(ck.spec).node(o) for o in ("rope_k", "kv_write")))
+    assert isinstance(launch, CachedRope) and launch.reads == ("k_proj", "v_proj")
+    assert [n.op for n in launch.writes] == ["kv_write"]  # K's rotated rows are stored, never written as rope_k
+    assert_same_logits_fewer_launches(plain, folded, ck, ck.spec.n_layers)
+
+
+def test_a_fold_the_plan_cannot_run_is_refused_and_a_bf16_cache_takes_it_apart(tiny_model):
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    assert cached_rope_stage(_merged(spec, WeightFormat("q4_0"))) is None  # a bf16 cache: no write launch
+    folded = cached_rope_stage(_merged(spec, WeightFormat("q4_0", kv_cache="q8_0")))
+    (layer,) = folded.decode.block
+    bad = copy.deepcopy(folded)
+    bad.decode.block[0].merged = [m if "kv_write" not in m else ["rope_k", "rope_q", "kv_write"] for m in layer.merged]
+    assert any("must store the last RoPE op's output, K's" in p for p in validate_plan(bad))
+    bad = copy.deepcopy(folded)
+    next(c for c in bad.decode.block[0].calls if c.op == "rope_q").config["kv_format"] = "q4_0"
+    assert any("writes the KV cache as 'q4_0' but the plan's cache is q8_0" in p for p in validate_plan(bad))
+    bf16_cache = with_weights(folded, WeightFormat("q4_0"))
+    assert validate_plan(bf16_cache) == [] and ["rope_q", "rope_k"] in _runs(bf16_cache)
+    assert not any("kv_write" in m for m in _runs(bf16_cache))
+    q4_cache = with_weights(folded, WeightFormat("q4_0", kv_cache="q4_0"))  # another quantized format: rewritten
+    assert validate_plan(q4_cache) == [] and ["rope_q", "rope_k", "kv_write"] in _runs(q4_cache)
+
+
+def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
+    ctx = fresh_ctx("llama", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    fmt = WeightFormat("q4_0", kv_cache="q8_0")
+    ctx.save_plan(merged_stage(fused_stage(with_weights(paper_like_plan(ctx.plan.model_spec()), fmt))))
+    ctx.opt_stage = "decode"
+    result = KvWriteIntoRope().run(ctx)
+    assert result.status == "applied", result.summary
+    (row,) = result.evidence["applied"]
+    assert row["decode_after"] < row["decode_before"] and row["gate"] == "passed"
+    assert ["rope_q", "rope_k", "kv_write"] in _runs(ctx.plan)
+    report, _ = model_gate(ctx, ctx.plan)
+    assert report.passed, report.failures
+    assert KvWriteIntoRope().run(ctx).status == "skipped"
