@@ -71,9 +71,14 @@ def test_the_fused_launch_moves_v_in_and_the_stored_rows_out():
     assert by_name["x"].shape == (1, 48 * 64) and by_name["y"].shape == (1, 32 * 64)
     assert by_name["kv"].shape == (1, kvw) and by_name["kv"].dtype == "uint8"
     tf, tp = time_design(fused), time_design(plain)
-    # V's rows more in, K's rotated rows out no more, the stored bytes out: the launch's DDR traffic says so
-    extra = 8 * 64 * 2 - 8 * 64 * 2 + kvw
-    assert tf.ddr_read_bytes + tf.ddr_write_bytes - (tp.ddr_read_bytes + tp.ddr_write_bytes) == extra
+    # V's rows more in; K's rotated rows out no more, the stored bytes out instead: the launch's DDR traffic says so
+    v_bytes = 8 * 64 * 2
+    assert tf.ddr_read_bytes - tp.ddr_read_bytes == v_bytes
+    assert tf.ddr_write_bytes - tp.ddr_write_bytes == kvw - v_bytes
+    # per call the kernel moves x in (with V), y out (without K), the stored row out, and quantizes 2 x 512 values
+    assert fused.workers[0].kernel.bytes_per_call - plain.workers[0].kernel.bytes_per_call == kvw
+    quantize = 1024 * kvquant.OPS_PER_VALUE + 1024 // 32 * kvquant.OPS_PER_BLOCK
+    assert fused.workers[0].kernel.vector_ops_per_call - plain.workers[0].kernel.vector_ops_per_call == quantize
     kv_alone = time_design(kvquant.make_design(kvquant.Shape(1, 1024, "q4_0")))
     assert tp.seconds < tf.seconds < tp.seconds + kv_alone.seconds  # one fill and drain instead of two
 

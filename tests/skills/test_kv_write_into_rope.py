@@ -26,6 +26,7 @@ from tilepilot.plan.merge import (
     split_stage,
 )
 from tilepilot.plan.plan import validate_plan, with_weights
+from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.optimize.decode import KvWriteIntoRope
 
 
@@ -70,6 +71,33 @@ def test_k_alone_in_its_rope_launch_takes_the_write_too(tiny_model):
     assert isinstance(launch, CachedRope) and launch.reads == ("k_proj", "v_proj")
     assert [n.op for n in launch.writes] == ["kv_write"]  # K's rotated rows are stored, never written as rope_k
     assert_same_logits_fewer_launches(plain, folded, ck, ck.spec.n_layers)
+
+
+def test_a_lone_k_launch_writing_the_cache_packs_beside_a_plain_rope_launch(tiny_model):
+    """The resident fit copies one launch's candidate configs to the others of its family; a RoPE launch writing the
+    cache never takes a plain one's (its cache format is data, ``plan.DATA_FIELDS``), nor the other way round."""
+    spec = load_checkpoint(tiny_model("llama", layers=1)).spec
+    plain = fused_stage(with_weights(paper_like_plan(spec), WeightFormat("q4_0", kv_cache="q8_0")))
+    folded = cached_rope_stage(plain)
+    assert ["rope_k", "kv_write"] in _runs(folded)
+    resident, _ = fit_resident(folded, spec)
+    configs = {c.op: c.config for g in resident.decode.block for c in g.calls}
+    assert configs["rope_k"]["kv_format"] == "q8_0" and configs["rope_q"].get("kv_format", "bf16") == "bf16"
+    assert validate_plan(resident) == []
+    # the write taken out again: the plain RoPE launch keeps no cache format, so the fit may reconfigure it freely
+    back = split_stage(folded, kinds=("kv_write",))
+    assert all(
+        c.config.get("kv_format", "bf16") == "bf16" for g in back.decode.block for c in g.calls if c.op == "rope_k"
+    )
+
+
+def test_the_per_head_norms_fold_into_a_rope_launch_that_already_writes_the_cache(tiny_model):
+    spec = load_checkpoint(tiny_model("qwen3", layers=1)).spec
+    cached = cached_rope_stage(_merged(spec, WeightFormat("q4_0", kv_cache="q8_0")))
+    assert ["rope_q", "rope_k", "kv_write"] in _runs(cached)
+    normed = normed_rope_stage(cached)
+    assert normed is not None and validate_plan(normed) == []
+    assert ["rope_q", "rope_k", "q_norm", "k_norm", "kv_write"] in _runs(normed)
 
 
 def test_a_fold_the_plan_cannot_run_is_refused_and_a_bf16_cache_takes_it_apart(tiny_model):

@@ -361,6 +361,7 @@ class CachedRope(_Merged):
 
     @property
     def kv_write(self) -> OpNode:
+        """The folded write, last of the members (its inputs: K's RoPE output, then V)."""
         return self.members[-1]
 
     @property

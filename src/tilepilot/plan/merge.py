@@ -29,7 +29,7 @@ from tilepilot.kernels.registry import family
 from tilepilot.model.graph import FOLDED_KINDS, LINEAR_KINDS, block_graph
 from tilepilot.model.spec import ModelSpec
 from tilepilot.npu.validate import DesignError
-from tilepilot.plan.plan import FOLD_FAMILIES, MERGED_KIND, DeploymentPlan, KernelGroup, merge_problems
+from tilepilot.plan.plan import FOLD_FAMILIES, MERGED_KIND, DeploymentPlan, KernelGroup, apply_kv_cache, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
 Tuner = Callable[[str, Any], dict[str, Any]]
@@ -79,8 +79,8 @@ def merged_config(
     calls = {c.op: c for c in group.calls}
     first = calls[run[0]]
     config = dict(first.config)
-    if graph.node(run[-1]).kind == "kv_write":  # a launch writing the cache writes the plan's format
-        config["kv_format"] = calls[run[-1]].config.get("kv_format", "q8_0")
+    if graph.node(run[-1]).kind == "kv_write":  # a launch writing the cache writes its write's format (the plan's:
+        config["kv_format"] = calls[run[-1]].config["kv_format"]  # ``apply_kv_cache`` sets it on every kvquant call)
     shape = merged_launch(tuple(graph.node(o) for o in run)).shape(first.family, spec, rows, config)
     if tuner is not None:
         return tuner(first.family, shape)
@@ -148,7 +148,7 @@ def split_stage(
                 keep.append(m)
         changed |= keep != g.merged
         g.merged = keep
-    return new if changed else None
+    return apply_kv_cache(new) if changed else None
 
 
 def _left_of(run: list[str], nodes: list, kinds: tuple[str, ...]) -> list[str] | None:
@@ -239,8 +239,8 @@ def gated_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str], lis
 def normed_rope_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
     """(the merged RoPE run it extends or None, the new run) for every RoPE launch of ``group`` (one merged run of
     RoPE ops, or a single RoPE op) whose inputs are all outputs of per-head norms (Qwen3's q_norm, k_norm) run as
-    rmsnorm in this group: the RoPE ops, then their norms (``kernels.bind.NormedRope``), when
-    ``plan.merge_problems`` accepts it."""
+    rmsnorm in this group: the RoPE ops, then their norms (``kernels.bind.NormedRope``), then the KV-cache write the
+    launch already folds (``kernels.bind.CachedRope``), when ``plan.merge_problems`` accepts it."""
     if group.where != "npu":
         return []
     graph = block_graph(spec)
@@ -250,13 +250,15 @@ def normed_rope_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str
     launches = [(m, m) for m in group.merged if graph.node(m[0]).kind == "rope"]
     launches += [(None, [c.op]) for c in group.calls if graph.node(c.op).kind == "rope" and c.op not in taken]
     out = []
-    for old, ropes in launches:
-        if any(graph.node(o).kind != "rope" for o in ropes):
+    for old, launch in launches:
+        if any(graph.node(o).kind == "head_norm" for o in launch):
             continue  # already holds its norms
+        ropes = [o for o in launch if graph.node(o).kind == "rope"]
+        writes = [o for o in launch if graph.node(o).kind == "kv_write"]  # a cache write folded in stays last
         norms = [producer.get(graph.node(o).inputs[0]) for o in ropes]
         if any(n is None or graph.node(n).kind != "head_norm" or n in taken for n in norms):
             continue
-        run = [*ropes, *norms]
+        run = [*ropes, *norms, *writes]
         if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
             out.append((old, run))
     return out
@@ -276,8 +278,8 @@ def cached_rope_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str
         node = graph.node(c.op)
         if node.kind != "kv_write" or c.family != "kvquant" or c.op in taken:
             continue
-        k_rope = next((o for o in (c2.op for c2 in group.calls) if graph.node(o).output == node.inputs[0]), None)
-        if k_rope is None or graph.node(k_rope).kind != "rope":
+        k_rope = node.inputs[0]  # a value is named after the op that computes it
+        if k_rope not in {c2.op for c2 in group.calls} or graph.node(k_rope).kind != "rope":
             continue
         old = next((m for m in group.merged if k_rope in m), None)
         run = [*(old or [k_rope]), c.op]
@@ -406,5 +408,5 @@ def split_moves(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[Deplo
                 seen.add(key)
                 new = copy.deepcopy(plan)
                 new.stage(stage).groups()[gi].merged = [list(r) for r in runs]
-                out.append((new, words))
+                out.append((apply_kv_cache(new), words))
     return out

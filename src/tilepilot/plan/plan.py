@@ -371,14 +371,24 @@ def validate_plan(plan: DeploymentPlan, spec: ModelSpec | None = None) -> list[s
                     if not isinstance(c.config, dict):
                         problems.append(f"{where} op {c.op} has a non-object config")
                 problems += merge_problems(g, graph, where)
-                for m in g.merged:  # a RoPE launch writing the cache writes the plan's format (apply_kv_cache)
-                    first = next((c for c in g.calls if c.op == m[0]), None)
-                    if m[-1] in expected and graph.node(m[-1]).kind == "kv_write" and first is not None:
-                        if first.config.get("kv_format") != wf.kv_cache:
-                            problems.append(
-                                f"{where} op {m[0]} writes the KV cache as {first.config.get('kv_format')!r} but the "
-                                f"plan's cache is {wf.kv_cache}; set its config kv_format (apply_kv_cache)"
-                            )
+                problems += _cache_writer_problems(where, g, graph, wf.kv_cache)
+    return problems
+
+
+def _cache_writer_problems(where: str, g: KernelGroup, graph: Any, fmt: str) -> list[str]:
+    """Why a RoPE launch writing the KV cache (a merged run ending in its ``kv_write``) writes another format than the
+    plan's cache (``apply_kv_cache`` makes them match; ``merge_problems`` checks the run itself)."""
+    calls = {c.op: c for c in g.calls}
+    problems = []
+    for m in g.merged:
+        if m[0] not in calls or m[-1] not in calls or graph.node(m[-1]).kind != "kv_write":
+            continue
+        got = calls[m[0]].config.get("kv_format")
+        if got != fmt:
+            problems.append(
+                f"{where} op {m[0]} writes the KV cache as {got!r} but the plan's cache is {fmt}; set its config "
+                "kv_format (apply_kv_cache)"
+            )
     return problems
 
 
@@ -548,6 +558,8 @@ def _cached_rope_problems(what: str, g: KernelGroup, m: list[str], nodes: list, 
     readers = set(graph.readers(k_rope.output)) - set(m)
     if readers:
         problems.append(f"{what}: {sorted(readers)} also read {k_rope.output}, which the launch does not write")
+    if graph.node(kv.inputs[1]).width != k_rope.width:
+        problems.append(f"{what}: {kv.inputs[1]} is not as wide as {k_rope.output}; the launch stores [k | v] rows")
     if kv.inputs[1] in _computed_from(g, graph, m[0]):
         problems.append(f"{what}: {kv.inputs[1]} is computed at or after {m[0]}; the launch runs there")
     return problems
@@ -633,6 +645,8 @@ def apply_kv_cache(plan: DeploymentPlan) -> DeploymentPlan:
             for c in g.calls:
                 if c.op in writing:
                     c.config["kv_format"] = fmt
+                elif c.family == "rope" and c.config.get("kv_format", "bf16") != "bf16":
+                    del c.config["kv_format"]  # its write was taken out again: a plain RoPE launch writes no cache
                 kind = graph.node(c.op).kind
                 if kind == "kv_write":
                     c.family = kv_write_family(fmt)

@@ -34,7 +34,7 @@ from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, tile_budgets, validate, validate_group
 from tilepilot.parallel import fork_map
 from tilepilot.plan.merge import split_moves
-from tilepilot.plan.plan import DeploymentPlan, KernelCall
+from tilepilot.plan.plan import DATA_FIELDS, DeploymentPlan, KernelCall
 
 # Candidates of one family tried per launch (the family's own ranking; the tuner's bound, kernels/tuning.py).
 MAX_CANDIDATES = 48
@@ -50,8 +50,11 @@ class _Rules:
     allowed: Callable[[str, dict[str, Any]], bool] | None = None
 
     def refuses(self, slot: _Slot, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` may not replace the slot's: it changes a key the rules keep, or a data field the slot's
+        config sets (``DATA_FIELDS``: a launch's candidates may come from another launch of its family, whose data
+        differ: a RoPE launch writing the KV cache beside one that does not), or the caller's check says no."""
         cur = slot.call.config
-        if any(k in cur and config.get(k) != cur[k] for k in self.keep):
+        if any(k in cur and config.get(k) != cur[k] for k in (*self.keep, *DATA_FIELDS)):
             return True
         return self.allowed is not None and not self.allowed(slot.call.op, config)
 

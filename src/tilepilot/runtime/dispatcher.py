@@ -440,15 +440,23 @@ class Dispatcher:
                 seen_inputs[v] = self.pool.device_view(env[v])
             return seen_inputs[v]
 
+        def stored(rows: torch.Tensor, write: bool = True) -> None:
+            """The step's K/V rows are in the cache, written from the NPU: ``rows`` a quantized cache's stored rows (a
+            kvquant launch's, or a RoPE launch's epilogue's) to write, or with ``write`` False bf16 K, already there."""
+            if write and not p.dry:
+                kv.cache.write_stored(layer, rows)
+            kv.side[layer] = "npu"
+            internal[KV_STATE] = rows
+
         for node, bound, design in prep.calls:
             if node.kind == "kv_write":
                 k, v = value(node.inputs[0]), value(node.inputs[1])
-                if not p.dry and bound is None:
-                    kv.cache.write(layer, k, v)
-                elif not p.dry:  # a q8_0 cache: the kvquant launch's packed rows
-                    kv.cache.write_stored(layer, bound.run(design, {"_in": [k, v], "_w": ()}, self.spec))
-                kv.side[layer] = "npu"
-                internal[KV_STATE] = k
+                if bound is None:  # a bf16 cache: the producers' drains land in it
+                    if not p.dry:
+                        kv.cache.write(layer, k, v)
+                    stored(k, write=False)
+                else:
+                    stored(k if p.dry else bound.run(design, {"_in": [k, v], "_w": ()}, self.spec))
                 continue
             if isinstance(bound, MergedLaunch):
                 ins = [value(v) for v in bound.reads]  # one x for a GEMV
@@ -463,11 +471,8 @@ class Dispatcher:
                 else:
                     outs = bound.run(design, ins, ws, extra, self.spec)
                 for n, o in zip(bound.writes, outs, strict=True):
-                    if n.kind == "kv_write":  # a RoPE launch's cache-write epilogue (``CachedRope``): stored rows
-                        if not p.dry:
-                            kv.cache.write_stored(layer, o)
-                        kv.side[layer] = "npu"
-                        internal[KV_STATE] = o
+                    if n.kind == "kv_write":  # a RoPE launch's cache-write epilogue (``CachedRope``)
+                        stored(o)
                         continue
                     internal[n.output] = o
                     produced.append(n.output)
