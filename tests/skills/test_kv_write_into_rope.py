@@ -19,6 +19,7 @@ from tilepilot.plan.air_q4 import fused_stage
 from tilepilot.plan.builtin import paper_like_plan
 from tilepilot.plan.merge import (
     cached_rope_stage,
+    every_fold,
     merged_stage,
     normed_rope_stage,
     packing_alternatives,
@@ -27,7 +28,8 @@ from tilepilot.plan.merge import (
 )
 from tilepilot.plan.plan import validate_plan, with_weights
 from tilepilot.plan.resident import fit_resident
-from tilepilot.skills.optimize.decode import KvWriteIntoRope
+from tilepilot.skills.optimize.decode import KvWriteIntoRope, ResidentDecode
+from tilepilot.skills.optimize.placement import _to_npu
 
 
 def _runs(plan) -> list[list[str]]:
@@ -131,3 +133,25 @@ def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
     report, _ = model_gate(ctx, ctx.plan)
     assert report.passed, report.failures
     assert KvWriteIntoRope().run(ctx).status == "skipped"
+
+
+def test_a_write_the_paper_groups_keep_apart_from_rope_folds_in_the_joined_resident_pass(fresh_ctx):
+    """The paper's decode rotates in one ELF and writes the cache in the next: the fold finds nothing while the pass
+    is dispatched per group, and ``resident-decode``, which joins the pass, also fits it with every merge and fold
+    the joined groups allow (``plan.merge.every_fold``)."""
+    ctx = fresh_ctx("llama", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
+    fmt = WeightFormat("q4_0", kv_cache="q8_0")
+    per_group, _ = _to_npu(
+        with_weights(paper_like_plan(ctx.plan.model_spec()), fmt), "decode", ("kv_write", "attention")
+    )
+    per_group = merged_stage(per_group)
+    assert not per_group.decode.one_dispatch and cached_rope_stage(per_group) is None
+    joined = every_fold(fused_stage(per_group))
+    assert joined is not None and validate_plan(joined) == [] and every_fold(joined) is None
+    assert ["rope_q", "rope_k", "kv_write"] in _runs(joined)
+    ctx.save_plan(per_group)
+    ctx.opt_stage = "decode"
+    props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
+    folded = [p for p in props if "the merges and folds the joined pass allows" in p.change]
+    assert len(folded) == 1 and folded[0].plan.decode.resident
+    assert ["rope_q", "rope_k", "kv_write"] in _runs(folded[0].plan)

@@ -115,7 +115,9 @@ def test_a_decode_dispatched_per_group_is_proposed_as_one_resident_dispatch(fres
     assert not ctx.plan.decode.one_dispatch
     result = ResidentDecode().run(ctx)
     rows = result.evidence["applied"] + result.evidence["rejected"]
-    assert len(rows) == 1 and "from per-group dispatches" in rows[0]["change"]
+    assert "from per-group dispatches" in rows[0]["change"]
+    # and the joined pass with the merges and folds its groups kept apart (``plan.merge.every_fold``)
+    assert len(rows) == 2 and "the merges and folds the joined pass allows" in rows[1]["change"]
     if result.status == "applied":
         assert ctx.plan.decode.one_dispatch and ctx.plan.decode.resident and len(ctx.plan.decode.kv_windows) > 1
 

@@ -318,6 +318,18 @@ def gated_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None
     return _folded_stage(plan, stage, gated_runs, tuner)
 
 
+def every_fold(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
+    """A copy of ``plan`` with every merge and fold of ``stage`` made that its groups allow, in the decode skills'
+    order (multi-matrix launches, RMSNorm prologues, residual and SwiGLU epilogues, per-head norms and the KV-cache
+    write in RoPE), or None when none is new. ``resident-decode`` fits it beside the pass as it is when it joined a
+    pass the earlier skills saw as several dispatches: they fold within a group, so ops the paper's groups split
+    (RoPE in one ELF, the cache write in the next) meet only in the joined pass."""
+    out = plan
+    for step in (merged_stage, normed_stage, residual_stage, gated_stage, normed_rope_stage, cached_rope_stage):
+        out = step(out, stage, tuner) or out
+    return out if out is not plan else None
+
+
 def _folded_stage(
     plan: DeploymentPlan, stage: str, runs_of: Callable[[ModelSpec, KernelGroup], list], tuner: Tuner | None
 ) -> DeploymentPlan | None:

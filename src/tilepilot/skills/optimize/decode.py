@@ -61,6 +61,7 @@ from tilepilot.parallel import fork_map
 from tilepilot.plan.air_q4 import KV_WINDOW_STEP, fused_stage, window_ladder
 from tilepilot.plan.merge import (
     cached_rope_stage,
+    every_fold,
     gated_stage,
     merged_stage,
     normed_rope_stage,
@@ -152,13 +153,7 @@ class MultiMatrixLaunches(PlanOptimization):
     stages = ("decode",)
 
     def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
-        def tuner(family: str, shape) -> dict:
-            """The merged launch at the tile tuner's best config for its shape (the shared kernel registry)."""
-            return asdict(
-                tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config
-            )
-
-        new = merged_stage(ctx.plan, stage, tuner)
+        new = merged_stage(ctx.plan, stage, _tuner(ctx))
         if new is not None:
             runs = [m for g in new.stage(stage).groups() for m in g.merged]
             yield Proposal(new, f"{stage}: one multi-matrix launch each for {runs}")
@@ -182,17 +177,20 @@ class _FoldIntoLaunch(PlanOptimization):
         raise NotImplementedError
 
     def proposals(self, plan, ctx, stage) -> Iterator[Proposal]:
-        def tuner(family: str, shape) -> dict:
-            """The fused launch at the tile tuner's best config for its shape (the shared kernel registry)."""
-            return asdict(
-                tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config
-            )
-
-        new = self.fold(ctx.plan, stage, tuner)
+        new = self.fold(ctx.plan, stage, _tuner(ctx))
         if new is not None:
             before = _runs(ctx.plan, stage)
             ops = [m[-1] for m in _runs(new, stage) if m not in before]
             yield Proposal(new, f"{stage}: {ops} as the {self.what} of the {self.into} next to each")
+
+
+def _tuner(ctx):
+    """A merged or fused launch's config: the tile tuner's best for its shape (the shared kernel registry)."""
+
+    def tuner(family: str, shape) -> dict:
+        return asdict(tune(family, shape, ctx.kernel_registry, max_candidates=ctx.settings.tune_max_candidates).config)
+
+    return tuner
 
 
 def _runs(plan, stage: str) -> list[list[str]]:
@@ -321,7 +319,9 @@ class ResidentDecode(PlanOptimization):
         "Removes the design switch of every launch after the first (inside a one-dispatch decode, most of what is not "
         "weight streaming); what it costs is the smaller tiles the packing needs. When the fastest packing leaves a "
         "weight stream below the DDR rate, it also fits the pass one merged run or fold less at a time, from the best "
-        "so far, and proposes the fastest structure it reaches."
+        "so far, and proposes the fastest structure it reaches. A pass it joins from per-group dispatches is also "
+        "fitted with every merge and fold the joined groups allow (the paper rotates in one ELF and writes the cache "
+        "in the next)."
     )
     commands = ("tilepilot skills run resident-decode WORKSPACE --json",)
     gate_text = _GATE
@@ -358,6 +358,10 @@ class ResidentDecode(PlanOptimization):
                 return _Failed()
 
         alternatives = packing_alternatives(base, stage)
+        if not st.one_dispatch:  # the joined pass may merge or fold what the earlier skills saw in separate groups
+            folded = every_fold(base, stage, _tuner(ctx))
+            if folded is not None:
+                alternatives.append((folded, " with the merges and folds the joined pass allows"))
         fits = []
         got = fork_map(fit_or_why, [alt for alt, _ in alternatives], ctx.settings.jobs)
         for n, ((alt, how), fitted) in enumerate(zip(alternatives, got, strict=True)):
