@@ -10,6 +10,7 @@ import torch
 from kernel_checks import check_attention_paths, qkv
 
 from tilepilot.kernels import attention as at
+from tilepilot.npu.calibration import CALIBRATION
 from tilepilot.npu.execute import run_tile
 from tilepilot.npu.resources import shares_memory, uses_shared_memory
 from tilepilot.npu.timing import time_design
@@ -72,6 +73,32 @@ def test_two_channels_carry_the_kv_and_q_rides_the_first():
     assert q.rides_with == "kv_0_in0" and {f.channel for f in column_0_in} == {"kv_0_in0", "kv_0_in1"}
     t_two, t_one = time_design(two), time_design(one)
     assert t_one.limiter.startswith("shim") and t_two.seconds < 0.9 * t_one.seconds
+
+
+def test_with_one_kv_channel_q_rides_it_and_the_columns_second_channel_stays_free():
+    """A column's K/V over one channel: q (one small object per unit) rides that channel too rather than idling a
+    channel of its own, so the column's second MM2S channel is left to a resident pass's weight prefetch. Its bytes
+    queue ahead of the keys on that channel: the launch is no faster, and slower only by q's transfer."""
+    cases = [
+        (at.Shape(1, 2048, 32, 8, 64, kv_format=f), C(cols=8, tile_k=64, **FD, kv_format=f)) for f in ("bf16", "q4_0")
+    ]
+    cases.append((at.Shape(1, 40, 8, 2, 16), C(cols=4, tile_k=8, **FD, kv_cols=2)))  # a KV head over two columns
+    for shape, cfg in cases:
+        d = at.make_design(shape, cfg)
+        assert not validate(d)
+        fifos = {f.name: f for f in d.fifos}
+        qs = [f for f in d.fifos if f.name.startswith("q_")]
+        assert len(qs) == cfg.cols
+        for q in qs:
+            assert q.rides_with == "kv_" + q.name[2:] and fifos[q.rides_with].shim_placement == q.shim_placement
+            filled = {
+                f.channel for f in d.fifos if f.shim_placement == q.shim_placement and not f.name.startswith("o_")
+            }
+            assert filled == {q.rides_with}
+        alone = time_design(replace(d, fifos=[replace(f, rides_with=None) for f in d.fifos]))
+        q_bytes = 2 * shape.group * shape.head_dim
+        rate = min(d.device.stream_bytes_per_cycle * d.device.clock_hz, CALIBRATION.shim_channel_bytes_per_s)
+        assert alone.seconds <= time_design(d).seconds <= alone.seconds + q_bytes / rate * (1 + 1e-9)
 
 
 def test_flash_decoding_beats_the_one_pass_design_at_a_long_context():

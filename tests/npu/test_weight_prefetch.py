@@ -16,6 +16,7 @@ import pytest
 from tilepilot.kernels import eltwise, qgemv
 from tilepilot.npu import prefetch as pf
 from tilepilot.npu.calibration import CALIBRATION
+from tilepilot.npu.design import nbytes
 from tilepilot.npu.placer import SequentialPlacer
 from tilepilot.npu.resident import pack, time_resident
 from tilepilot.npu.resources import TileUse
@@ -74,6 +75,41 @@ def test_the_launch_waits_for_half_its_head_to_be_read_out_before_ddr_streams_on
     assert pf._retimed(t, ddr, CALIBRATION).steady_cycles == pytest.approx(max(other, other / 2))
     # its DDR traffic during the launch never runs above the calibrated rate
     assert (ddr - head) / (new.steady_cycles / t.clock_hz) <= CALIBRATION.ddr_bytes_per_s * (1 + 1e-9)
+
+
+def test_a_shim_channel_carries_only_the_tails_of_the_heads_fetched_through_it():
+    """The head crossed the shim in the window: during the launch each shim channel carries its feeds' tails and
+    whatever else rides it (here x on column 0's first channel), while the memory tiles still carry every byte."""
+    designs, _ = _packed()
+    d = designs[2]
+    fs, t = pf.feeds(d), time_design(d)
+    limits = dict(t.limits)
+    shims = {f"shim {f.shim}" for f in fs}
+    # nothing fetched: the limits the timing model gives the launch, channel by channel
+    assert pf._shim_tails(d, fs, [0.0] * len(fs), CALIBRATION) == pytest.approx({n: limits[n] for n in shims})
+    # all of every stream fetched: what is left on a shim is what is not a weight (x riding, y drained)
+    weights = set(d.meta["constants"])
+    rate = min(d.device.stream_bytes_per_cycle, CALIBRATION.shim_channel_bytes_per_s / d.device.clock_hz)
+    tails = pf._shim_tails(d, fs, [f.nbytes for f in fs], CALIBRATION)
+    for name, cycles in tails.items():
+        other = [
+            nbytes(task.tap.n_elements, d.tensor(task.tensor).dtype)
+            for task in d.runtime.tasks
+            if task.tensor not in weights and f"shim {d.fifo(task.fifo).shim_placement}" == name
+        ]
+        assert cycles == pytest.approx(max(other, default=0) / rate)
+        assert cycles < limits[name] / 10
+    # half of each: half of each weight channel's load is left
+    half = pf._shim_tails(d, fs, [f.nbytes / 2 for f in fs], CALIBRATION)
+    assert all(tails[n] < half[n] < limits[n] for n in shims)
+    # with cores fast enough that the shim channels bind once half the stream is fetched: counting the heads on the
+    # shim as well (as if they crossed it during the launch) would keep the launch there
+    head = sum(f.nbytes for f in fs) // 2
+    fast = replace(t, limits=tuple((n, c / 4 if n.startswith("worker") else c) for n, c in t.limits))
+    as_if, now = pf._retimed(fast, head, CALIBRATION), pf._retimed(fast, head, CALIBRATION, half)
+    assert as_if.limiter.startswith("shim") and now.steady_cycles < as_if.steady_cycles
+    assert now.steady_cycles >= max(c for n, c in now.limits if n != "ddr")
+    assert all(c == limits[n] for n, c in now.limits if n.startswith("mem tile"))  # they still carry every byte
 
 
 def test_feeds_move_only_while_their_shim_channel_is_free():

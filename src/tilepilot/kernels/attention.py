@@ -58,7 +58,10 @@ computes the whole group at once: every KV head is streamed once (the one-pass d
 column, and each of its workers reads the whole key range of its head) and the MMUL's 4 rows hold 4 heads rather
 than one query padded to 4. Numbers are the per-head cascade's (same stages, same keys; tested). With
 ``kv_channels`` = 2 the stages' K/V streams use both shim MM2S channels of the column and q rides the first
-(``ObjectFifo.rides_with``), the same feed choice as the quantized GEMV's weights.
+(``ObjectFifo.rides_with``), the same feed choice as the quantized GEMV's weights. With one K/V channel q rides it
+too: q is one [group, head_dim] object per unit, and a channel of its own would idle the column's second MM2S
+channel for the whole launch, the channel a resident pass's weight prefetch (``npu/prefetch.py``) can use while
+attention computes (q's bytes queue ahead of the first key block: the launch is slower by q's transfer at most).
 
 Numerics (flash attention with online softmax, fp32 state, bf16 in and out), per key block:
     s   = (q . k) exact sum of bf16 products -> fp32, times 1/sqrt(d) (fp32); masked (key after query) -> -inf
@@ -182,7 +185,8 @@ class Config:
     # of one query padded to 4.
     group_rows: bool = False
     # Shim MM2S channels carrying a cascade column's K/V: with 2 the stages' segments split over both channels of
-    # the column's shim, and q rides the first (``ObjectFifo.rides_with``), as the quantized GEMV's weights do.
+    # the column's shim, and q rides the first (``ObjectFifo.rides_with``), as the quantized GEMV's weights do; with 1
+    # q rides it under flash-decoding (the column's other channel left free).
     kv_channels: int = 1
     # Flash-decoding across columns (``group_rows`` only): a KV head's ``kv_stages`` stages laid over this many
     # neighbouring columns, ``kv_stages / kv_cols`` per column, the partial state passed up one column's compute rows
@@ -817,11 +821,12 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             col = c0 + c  # the unit's first column (kv_cols > 1: sc is 1 and the unit's stages snake from here)
             q_ins, o_out = [f"q_{col + j}" for j in range(kc)], f"o_{col + kc - 1}"
             states = [f"st_{col}_{s}" for s in range(nst - 1)]
-            # both MM2S channels of a column carry K/V: its q rides the column's first feed, ahead of it. feeds are in
-            # stage order, ch per column in either branch (one stage per channel: a column's rows == ch)
+            # q rides the column's first K/V feed, ahead of it (flash-decoding: with one K/V channel too, leaving the
+            # column's other channel free). feeds are in stage order, ch per column in either branch (one stage per
+            # channel: a column's rows == ch)
             assert ch == 1 or len(feeds) == ch * kc
             for j, q_in in enumerate(q_ins):
-                rides = feeds[j * ch] if ch == 2 else None
+                rides = feeds[j * ch] if ch == 2 or config.group_rows else None
                 fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col + j, SHIM_ROW), rides_with=rides)]
             fifos += [ObjectFifo(f, (n, d + 2), "fp32", 1) for f in states]
             fifos += [ObjectFifo(o_out, (n, d), "bf16", 1, shim_placement=Tile(col + kc - 1, SHIM_ROW))]

@@ -31,8 +31,9 @@ pass's packing leaves free there.
 can only wait for it, so DDR idles for that readout (half the head at the launch's rate without the DDR limit);
 from then on DDR streams the tail while the second half and the region's refills are read. The DDR side of launch i
 is ``readout of half the head + (DDR bytes - head) / DDR rate``; its steady time is the larger of that and every
-other limit (compute, shim and memory-tile channels, which still carry every byte: conservative). Fill and drain are
-unchanged. A launch this does not make faster fetches nothing.
+other limit: compute, the memory-tile channels (which still carry every byte: the link reads the head out of its
+region and forwards it), and the shim channels, each now carrying its feeds' tails only (the heads crossed it in the
+window, while it was free). Fill and drain are unchanged. A launch this does not make faster fetches nothing.
 
 **Legality.** A memory tile holds one region per weight-link layout of the pass that passes it (buffer descriptors
 are fixed per transfer pattern): two write BDs, two read BDs per destination of the link, four locks; its memory is
@@ -51,7 +52,7 @@ from tilepilot.npu.calibration import Calibration
 from tilepilot.npu.design import Design, FifoLink, nbytes
 from tilepilot.npu.device import Tile
 from tilepilot.npu.resources import TileUse, add_use, resource_use
-from tilepilot.npu.timing import DesignTiming
+from tilepilot.npu.timing import DesignTiming, busiest_channel
 
 HALVES = 2  # a region is a ping-pong pair: written during the window, read out in order by the link
 REGION_LOCKS = 4  # per region: a producer and a consumer lock for each half
@@ -73,6 +74,7 @@ class _Feed:
 
     shim: Tile
     slot: int  # its MM2S channel on the shim tile (fifos take channels in the order of their first task)
+    channel: str  # the fifo whose shim channel carries it (``ObjectFifo.channel``)
     mem: Tile
     layout: tuple  # its link's transfer pattern (kind, source and destination object sizes)
     reads: int  # the link's destinations: one read BD each per half
@@ -118,6 +120,7 @@ def _feeds(design: Design, channels: dict[Tile, list[str]]) -> list[_Feed]:
         out[fifo.name] = _Feed(
             fifo.shim_placement,
             slots[fifo.channel],
+            fifo.channel,
             link.placement,
             _layout(design, link),
             len(link.dsts),
@@ -199,7 +202,7 @@ def prefetch(
                 got[n] *= free.get(f.mem, 0) / held[f.mem]
         held = {m: min(b, free.get(m, 0)) for m, b in held.items()}
         fetched = int(sum(got))
-        new = _retimed(t, fetched, cal) if fetched > 0 else t
+        new = _retimed(t, fetched, cal, _shim_tails(d, fs, got, cal)) if fetched > 0 else t
         if new.seconds >= t.seconds:
             continue
         out[i] = new
@@ -251,9 +254,47 @@ def _active(fs: list[_Feed], design: Design, drained: bool) -> set[int]:
     return active
 
 
-def _retimed(t: DesignTiming, head: int, cal: Calibration) -> DesignTiming:
-    """``t`` with ``head`` bytes of its weights read from L2 (see the module docstring, "What it saves")."""
+def _shim_tails(design: Design, fs: list[_Feed], got: list[float], cal: Calibration) -> dict[str, float]:
+    """The limit (cycles) of each shim tile a fetched head left, as ``timing`` words and computes it (its busiest
+    channel at the shim channel rate), with every feed's head taken off the channel that carries it: what that shim
+    still streams during the launch."""
+    taken: dict[tuple[Tile, str], float] = defaultdict(float)
+    for g, f in zip(got, fs, strict=True):
+        taken[(f.shim, f.channel)] += g
+    dev = design.device
+    bpc = min(float(dev.stream_bytes_per_cycle), cal.shim_channel_bytes_per_s / dev.clock_hz)
+    out = {}
+    for tile in {f.shim for f in fs}:
+        fills, drains = _of(design).shim_bytes.get(tile, ({}, {}))
+        left = [max(b - taken.get((tile, ch), 0.0), 0.0) for ch, b in fills.items()]
+        out[f"shim {tile}"] = (
+            max(
+                busiest_channel(left, dev.shim.mm2s_channels),
+                busiest_channel(list(drains.values()), dev.shim.s2mm_channels),
+            )
+            / bpc
+        )
+    return out
+
+
+def _shim_bytes(design: Design) -> dict[Tile, tuple[dict[str, float], dict[str, float]]]:
+    """Bytes each shim tile's MM2S (fills) and S2MM (drains) channels carry over the launch, by carrying fifo."""
+    out: dict[Tile, tuple[dict[str, float], dict[str, float]]] = {}
+    for task in design.runtime.tasks:
+        fifo = design.fifo(task.fifo)
+        if fifo.shim_placement is None:
+            continue
+        fills, drains = out.setdefault(fifo.shim_placement, ({}, {}))
+        side = fills if task.kind == "fill" else drains
+        side[fifo.channel] = side.get(fifo.channel, 0.0) + nbytes(task.tap.n_elements, design.tensor(task.tensor).dtype)
+    return out
+
+
+def _retimed(t: DesignTiming, head: int, cal: Calibration, shim: dict[str, float] | None = None) -> DesignTiming:
+    """``t`` with ``head`` bytes of its weights read from L2 (see the module docstring, "What it saves"); ``shim``:
+    the limits of the shim tiles the head left, with what they still carry (``_shim_tails``; none: as they were)."""
     clock = t.clock_hz
+    t = replace(t, limits=tuple((name, (shim or {}).get(name, c)) for name, c in t.limits))
     other = max((c for name, c in t.limits if name != "ddr"), default=0.0)
     ddr_bytes = t.ddr_read_bytes + t.ddr_write_bytes
     reading = ddr_bytes / (other / clock) if other > 0 else float("inf")  # the launch's rate without the DDR limit
@@ -290,6 +331,7 @@ class _Launch:
     channels: dict[Tile, list[str]]  # its shim MM2S channels' carrying fifos (``_channels``)
     feeds: list[_Feed]
     weight_s2mm: dict[Tile, int]  # S2MM channels of each memory tile its weight links take (free in its drain)
+    shim_bytes: dict[Tile, tuple[dict[str, float], dict[str, float]]]  # ``_shim_bytes``
 
 
 _LAUNCHES: dict[int, tuple[Design, _Launch]] = {}
@@ -306,5 +348,8 @@ def _of(design: Design) -> _Launch:
         weight_s2mm: dict[Tile, int] = defaultdict(int)
         for f in fs:
             weight_s2mm[f.mem] += 1
-        hit = _LAUNCHES[id(design)] = (design, _Launch(resource_use(design), channels, fs, dict(weight_s2mm)))
+        hit = _LAUNCHES[id(design)] = (
+            design,
+            _Launch(resource_use(design), channels, fs, dict(weight_s2mm), _shim_bytes(design)),
+        )
     return hit[1]
