@@ -49,15 +49,7 @@ from tilepilot.oracle.model import Oracle
 from tilepilot.parallel import fork_map
 from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
-from tilepilot.plan.merge import (
-    cached_rope_stage,
-    gated_stage,
-    merged_stage,
-    normed_rope_stage,
-    normed_stage,
-    packing_alternatives,
-    residual_stage,
-)
+from tilepilot.plan.merge import FOLDS, merged_stage, packing_alternatives
 from tilepilot.plan.plan import DeploymentPlan, with_weights
 from tilepilot.plan.resident import fit_resident, search_structures, squeezed
 from tilepilot.runtime.dispatcher import KernelLibrary
@@ -142,7 +134,7 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     plan = tuned(plan, spec)
     # rmsnorm-prologue, residual-epilogue, swiglu-epilogue, qk-norm-into-rope, kv-write-into-rope, each kept only when
     # it makes this pass faster (as the decode phase keeps a skill)
-    for fold in (normed_stage, residual_stage, gated_stage, normed_rope_stage, cached_rope_stage):
+    for fold in FOLDS:
         folded = fold(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
         if folded is not None:
             folded = tuned(folded, spec)

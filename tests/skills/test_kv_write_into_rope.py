@@ -155,3 +155,14 @@ def test_a_write_the_paper_groups_keep_apart_from_rope_folds_in_the_joined_resid
     folded = [p for p in props if "the merges and folds the joined pass allows" in p.change]
     assert len(folded) == 1 and folded[0].plan.decode.resident
     assert ["rope_q", "rope_k", "kv_write"] in _runs(folded[0].plan)
+
+
+def test_the_decode_phase_tries_the_folds_in_the_order_every_walker_of_them_uses():
+    """``plan.merge.FOLDS`` is what ``every_fold`` and the quantized benchmark walk as the decode phase does: the
+    phase's fold skills, in its registry order, are exactly those folds."""
+    from tilepilot.plan.merge import FOLDS
+    from tilepilot.skills.optimize.decode import _FoldIntoLaunch
+    from tilepilot.skills.registry import optimizers
+
+    folds = [cls.fold for cls in optimizers() if issubclass(cls, _FoldIntoLaunch) and "decode" in cls.stages]
+    assert folds == list(FOLDS)

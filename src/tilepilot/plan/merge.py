@@ -320,12 +320,11 @@ def gated_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None
 
 def every_fold(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
     """A copy of ``plan`` with every merge and fold of ``stage`` made that its groups allow, in the decode skills'
-    order (multi-matrix launches, RMSNorm prologues, residual and SwiGLU epilogues, per-head norms and the KV-cache
-    write in RoPE), or None when none is new. ``resident-decode`` fits it beside the pass as it is when it joined a
-    pass the earlier skills saw as several dispatches: they fold within a group, so ops the paper's groups split
-    (RoPE in one ELF, the cache write in the next) meet only in the joined pass."""
+    order (multi-matrix launches, then ``FOLDS``), or None when none is new. ``resident-decode`` fits it beside the
+    pass as it is when it joined a pass the earlier skills saw as several dispatches: they fold within a group, so
+    ops the paper's groups split (RoPE in one ELF, the cache write in the next) meet only in the joined pass."""
     out = plan
-    for step in (merged_stage, normed_stage, residual_stage, gated_stage, normed_rope_stage, cached_rope_stage):
+    for step in (merged_stage, *FOLDS):
         out = step(out, stage, tuner) or out
     return out if out is not plan else None
 
@@ -422,3 +421,9 @@ def split_moves(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[Deplo
                 new.stage(stage).groups()[gi].merged = [list(r) for r in runs]
                 out.append((apply_kv_cache(new), words))
     return out
+
+
+# The folds into a launch, in the order the decode phase tries them (``skills.optimize.decode``: rmsnorm-prologue,
+# residual-epilogue, swiglu-epilogue, qk-norm-into-rope, kv-write-into-rope), for anything that walks them as the
+# phase does (``every_fold``, ``benchmarks/quantized.py``).
+FOLDS = (normed_stage, residual_stage, gated_stage, normed_rope_stage, cached_rope_stage)
