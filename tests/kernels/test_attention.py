@@ -122,11 +122,37 @@ def test_invalid_configs_are_shape_errors_and_l1_is_checked():
 def test_candidates_fit_and_scalar_variant_is_modeled_slower():
     shape = at.Shape(256, 256, 8, 2, 64)
     cands = at.candidate_configs(shape)
-    assert cands[0] == at.default_config(shape) and cands[-1].variant == "scalar"
+    assert at.default_config(shape) in cands[: at.DEFAULT_TIMED] and cands[-1].variant == "scalar"
     assert all(validate(at.make_design(shape, c)) == [] for c in cands[:3])
     vec = time_design(at.make_design(shape, cands[0]))
     sca = time_design(at.make_design(shape, cands[-1]))
     assert sca.seconds > vec.seconds
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        at.Shape(2048, 2048, 16, 8, 128),  # Qwen3-0.6B's prefill: tile memory leaves 32 x 16 or 16 x 32 tiles
+        at.Shape(2048, 2048, 32, 8, 64, kv_format="q4_0"),  # Llama-3.2-1B's over a q4_0 cache: a taller query tile
+        at.Shape(24, 24, 32, 8, 64),
+    ],
+)
+def test_the_default_is_the_fastest_modeled_of_the_rankings_first_tilings(shape):
+    """The ranking's rule of thumb picks a tile shape by size; the default is the one the timing model finds fastest
+    among its first tilings (a tie goes to the ranking), and it is remembered, not searched again."""
+    first = [c for c in at.candidate_configs(shape) if not c.group_rows and c.variant == "vector"][: at.DEFAULT_TIMED]
+    assert all(shape.q_len // c.tile_q <= at.DEFAULT_TIMED_Q_TILES for c in first)
+    times = [time_design(at.make_design(shape, c)).seconds for c in first]
+    default = at.default_config(shape)
+    assert default == first[times.index(min(times))]
+    if shape.q_len == 2048:  # the rule of thumb's choice is modeled slower there
+        assert min(times) < 0.99 * times[0] and (default.tile_q, default.tile_k) != (first[0].tile_q, first[0].tile_k)
+    assert at.default_config(shape) is default
+
+
+def test_a_long_prompt_in_tiny_query_tiles_is_not_built_to_choose_the_default():
+    shape = at.Shape(6004, 6004, 9, 3, 64)  # 4 x 1501: 4-query tiles at most, thousands per head
+    assert at.default_config(shape) == at.candidate_configs(shape)[0]
 
 
 def test_non_causal_sees_every_key_and_skipping_masked_blocks_is_a_timing_choice_only():

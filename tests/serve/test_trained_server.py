@@ -4,9 +4,12 @@ capital of France with Paris (issue 15, "done when").
 All 30 layers are needed for a right answer (a truncated model babbles), and deploying them through the eight phases
 takes minutes, so the server runs on a workspace of the full model with the built-in default plan (what
 ``make_workspace`` writes, as the other serve tests do): the same runner, kernels and bf16 numerics, without the
-phases' optimizations. The deployed workspace's answers are recorded by ``benchmarks/real_models.py``. The question's
-phrasing is one on which tilepilot's FP32 oracle and transformers (FP32 and bf16) also answer Paris; on "What is the
-capital of France?" the bf16 logits of the first answer token tie (see benchmarks/results/real_models.md).
+phases' optimizations. The deployed workspace's answers are recorded by ``benchmarks/real_models.py``. The question is
+README (a)'s, whose answer is the same under float64, fp32 and bf16 row sums. Two phrasings start on near ties of the
+first answer token's bf16 logits, so a bf16 ulp decides them: "What is the capital of France?" (see
+benchmarks/results/real_models.md), and "Which city is the capital of France?", which this test asked until the
+attention family's default tiling became the modeled fastest (its key blocks, and so the production path's
+rounding, changed: the default plan then answered "Le Grand Chateau, also known as the City of Light, ...").
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from serve_helpers import start_server, stop_server
 from tilepilot.model.tokenizer import Tokenizer
 from tilepilot.runtime.workspace import make_workspace
 
-QUESTION = "Which city is the capital of France?"
+QUESTION = "Name the capital city of France."
 TIMEOUT_S = 300.0  # 30 layers on a shared 2-core machine
 
 
