@@ -383,8 +383,8 @@ def render(data: dict[str, Any]) -> str:
             "",
             f"{g['model']} at {g['format']}, context {n}: modeled decode {g['decode_tok_s']:.2f} tok/s (goal >= "
             f"{GOAL['decode_tok_s']:.0f}), {100 * g['bound_fraction']:.1f} % of the plan's weight-streaming bound "
-            f"(goal >= {100 * GOAL['bound_fraction']:.0f} %), TTFT {g['ttft_s']:.3f} s vs bf16 "
-            f"{g['bf16_ttft_s']:.3f} s: "
+            f"(goal >= {100 * GOAL['bound_fraction']:.0f} %), TTFT {g['ttft_s']:.4f} s vs bf16 "
+            f"{g['bf16_ttft_s']:.4f} s: "
             f"**{'met' if g.get('met_at_context', {}).get(str(n), g['met']) else 'not met'}**. Where the time goes is "
             "in the JSON (`dispatches`, `decode_dispatch.kinds`) and in "
             "`tilepilot bench MODEL_DIR --plan air-q4`.",
