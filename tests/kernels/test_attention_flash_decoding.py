@@ -25,6 +25,10 @@ SMALL = [
     (at.Shape(1, 40, 8, 2, 16), C(cols=2, tile_k=8, **FD, kv_channels=2)),
     # 2 stages, one stream per channel straight to its stage; two KV heads on one column
     (at.Shape(1, 40, 8, 2, 16), C(cols=1, tile_k=8, **(FD | {"kv_stages": 2}), kv_channels=2)),
+    # one K/V channel, two units (KV heads) on one column: q rides the K/V feed, both units' q ahead of their keys
+    (at.Shape(1, 40, 8, 2, 16), C(cols=1, tile_k=8, **FD)),
+    # one stage per column over two columns, one channel: q rides each column's own stage stream
+    (at.Shape(1, 40, 8, 2, 16), C(cols=4, tile_k=8, **(FD | {"kv_stages": 2}), kv_cols=2)),
     # group 7 (Qwen2.5-0.5B's): 7 rows, the MMUL padded to 8
     (at.Shape(1, 33, 14, 2, 16), C(cols=2, tile_k=8, **FD, kv_channels=2)),
     # a KV head's 4 stages over 2 columns (2 each, one channel), and 8 over 2 (4 each, both channels)

@@ -746,8 +746,9 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
     broadcast to its stages; per stage, the blocks of its key segment broadcast to that stage in every column of
     the group (one K/V stream per unit and stage): from the shim of the group's column of that index when the group
     has a column per stage, else as one [stages * tile_k, 2, d] object per step from the group's first shim, split
-    by its memory tile (with two K/V channels: half the stages per channel, q riding the first; one stage per
-    channel goes straight from the shim); the partial state passed stage to stage through shared memory
+    by its memory tile (with two K/V channels: half the stages per channel; one stage per channel goes straight from
+    the shim; q rides the column's first feed under flash-decoding or with two channels); the partial state passed
+    stage to stage through shared memory
     (neighbouring rows, no DMA); o from each column's last stage to its shim. ``group_rows``: a unit is a KV head and
     q / o move its group's heads side by side ([tile_q, group * head_dim] of the row). ``kv_cols`` > 1: the stages
     snake over that many columns (along the first's compute rows, back along the next's, ...), each column's stages
@@ -826,7 +827,7 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             # q rides the column's first K/V feed, ahead of it (flash-decoding: with one K/V channel too, leaving the
             # column's other channel free). feeds are in stage order, ch per column in either branch (one stage per
             # channel: a column's rows == ch)
-            assert ch == 1 or len(feeds) == ch * kc
+            assert len(feeds) == ch * kc or not (ch == 2 or config.group_rows)
             for j, q_in in enumerate(q_ins):
                 rides = feeds[j * ch] if ch == 2 or config.group_rows else None
                 fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col + j, SHIM_ROW), rides_with=rides)]

@@ -523,7 +523,9 @@ def _default_attention_s(q_len: int, kv_len: int, n_heads: int, n_kv_heads: int,
 
 def _attention_shape(node: OpNode, spec: ModelSpec, rows: int, context: int, config: dict[str, Any]) -> Any:
     """Queries padded at the end to whole query tiles (``_attn_q_len``): the padded queries sit *after* every real
-    one, so causality hides them (and the key rows they add) from the real queries, whose outputs are unchanged."""
+    one, so causality hides them (and the key rows they add) from the real queries. Under one tiling their outputs
+    are unchanged; without a config the padded length takes its own default tiling (``attention.default_config``),
+    whose key block may differ, and the production path's rounding with it (bf16 ulps)."""
     dims = (spec.n_heads, spec.n_kv_heads, spec.head_dim)
     q_len = _attn_q_len(rows, config, lambda q: _default_attention_s(q, context + q - rows, *dims))
     return family_module("attention").Shape(

@@ -28,12 +28,14 @@ latency late (the stream's restart). A feed fetches at most its own bytes, and a
 pass's packing leaves free there.
 
 **What it saves.** The halves are a ping-pong pair: while launch i reads the first half out, the rest of the stream
-can only wait for it, so DDR idles for that readout (half the head at the launch's rate without the DDR limit);
-from then on DDR streams the tail while the second half and the region's refills are read. The DDR side of launch i
-is ``readout of half the head + (DDR bytes - head) / DDR rate``; its steady time is the larger of that and every
-other limit: compute, the memory-tile channels (which still carry every byte: the link reads the head out of its
-region and forwards it), and the shim channels, each now carrying its feeds' tails only (the heads crossed it in the
-window, while it was free). Fill and drain are unchanged. A launch this does not make faster fetches nothing.
+can only wait for it, so DDR idles for that readout (half the head at the launch's rate without the DDR limit); from
+then on DDR streams the tail while the second half and the region's refills are read. The DDR side of launch i is
+``readout of half the head + (DDR bytes - head) / DDR rate``; its steady time is the larger of that and every other
+limit: compute, the memory-tile channels (counted with every byte, conservatively: the link reads the head out of
+its region and forwards it, though its incoming side takes only the tails), and the shim channels, each left with
+the readout of half its feeds' heads (each feed read at its share of the launch's rate; its stream waits for that as
+DDR waits for the whole head's) plus its feeds' tails (the heads crossed it in the window, while it was free). Fill
+and drain are unchanged. A launch this does not make faster fetches nothing.
 
 **Legality.** A memory tile holds one region per weight-link layout of the pass that passes it (buffer descriptors
 are fixed per transfer pattern): two write BDs, two read BDs per destination of the link, four locks; its memory is
@@ -202,7 +204,7 @@ def prefetch(
                 got[n] *= free.get(f.mem, 0) / held[f.mem]
         held = {m: min(b, free.get(m, 0)) for m, b in held.items()}
         fetched = int(sum(got))
-        new = _retimed(t, fetched, cal, _shim_tails(d, fs, got, cal)) if fetched > 0 else t
+        new = _retimed(t, fetched, cal, _shim_tails(d, fs, got, cal, _reading(t))) if fetched > 0 else t
         if new.seconds >= t.seconds:
             continue
         out[i] = new
@@ -254,19 +256,27 @@ def _active(fs: list[_Feed], design: Design, drained: bool) -> set[int]:
     return active
 
 
-def _shim_tails(design: Design, fs: list[_Feed], got: list[float], cal: Calibration) -> dict[str, float]:
+def _shim_tails(
+    design: Design, fs: list[_Feed], got: list[float], cal: Calibration, reading: float
+) -> dict[str, float]:
     """The limit (cycles) of each shim tile a fetched head left, as ``timing`` words and computes it (its busiest
-    channel at the shim channel rate), with every feed's head taken off the channel that carries it: what that shim
-    still streams during the launch."""
+    channel at the shim channel rate), each channel now carrying what its feeds did not fetch ahead, after waiting
+    for the readout of half its feeds' heads (a feed is read at its share of the launch's rate ``reading``, as
+    ``_retimed`` reads the whole head for the DDR side): what that shim still does during the launch."""
     taken: dict[tuple[Tile, str], float] = defaultdict(float)
+    wait: dict[tuple[Tile, str], float] = defaultdict(float)
+    total = sum(f.nbytes for f in fs)
     for g, f in zip(got, fs, strict=True):
         taken[(f.shim, f.channel)] += g
+        share = reading * f.nbytes / total if total else float("inf")
+        wait[(f.shim, f.channel)] = max(wait[(f.shim, f.channel)], g / HALVES / share if share > 0 else 0.0)
     dev = design.device
     bpc = min(float(dev.stream_bytes_per_cycle), cal.shim_channel_bytes_per_s / dev.clock_hz)
+    per_s = bpc * dev.clock_hz  # a channel's bytes per second: its readout wait as bytes it could have carried
     out = {}
     for tile in {f.shim for f in fs}:
         fills, drains = _of(design).shim_bytes.get(tile, ({}, {}))
-        left = [max(b - taken.get((tile, ch), 0.0), 0.0) for ch, b in fills.items()]
+        left = [max(b - taken[(tile, ch)], 0.0) + wait[(tile, ch)] * per_s for ch, b in fills.items()]
         out[f"shim {tile}"] = (
             max(
                 busiest_channel(left, dev.shim.mm2s_channels),
@@ -290,24 +300,30 @@ def _shim_bytes(design: Design) -> dict[Tile, tuple[dict[str, float], dict[str, 
     return out
 
 
+def _reading(t: DesignTiming) -> float:
+    """The launch's byte rate without the DDR limit (every byte through its channels, at its other limits)."""
+    other = max((c for name, c in t.limits if name != "ddr"), default=0.0)
+    return (t.ddr_read_bytes + t.ddr_write_bytes) / (other / t.clock_hz) if other > 0 else float("inf")
+
+
 def _retimed(t: DesignTiming, head: int, cal: Calibration, shim: dict[str, float] | None = None) -> DesignTiming:
     """``t`` with ``head`` bytes of its weights read from L2 (see the module docstring, "What it saves"); ``shim``:
-    the limits of the shim tiles the head left, with what they still carry (``_shim_tails``; none: as they were)."""
+    the limits of the shim tiles the head left (``_shim_tails``; none: as they were)."""
     clock = t.clock_hz
-    t = replace(t, limits=tuple((name, (shim or {}).get(name, c)) for name, c in t.limits))
-    other = max((c for name, c in t.limits if name != "ddr"), default=0.0)
+    shim = shim or {}
+    assert set(shim) <= {name for name, _ in t.limits}, f"no such shim limit: {sorted(set(shim))}"
     ddr_bytes = t.ddr_read_bytes + t.ddr_write_bytes
-    reading = ddr_bytes / (other / clock) if other > 0 else float("inf")  # the launch's rate without the DDR limit
-    ddr_side = (head / HALVES / reading + (ddr_bytes - head) / cal.ddr_bytes_per_s) * clock
+    limits = tuple((name, shim.get(name, c)) for name, c in t.limits)
+    other = max((c for name, c in limits if name != "ddr"), default=0.0)
+    ddr_side = (head / HALVES / _reading(t) + (ddr_bytes - head) / cal.ddr_bytes_per_s) * clock
     steady = max(other, ddr_side)
     if steady >= t.steady_cycles:
         return t
-    limits = tuple((name, ddr_side if name == "ddr" else c) for name, c in t.limits)
-    limiter, bound = ("ddr", "ddr") if ddr_side >= other else _tightest(t, other)
+    limits = tuple((name, ddr_side if name == "ddr" else c) for name, c in limits)
+    new = replace(t, limits=limits)
+    limiter, bound = ("ddr", "ddr") if ddr_side >= other else _tightest(new, other)
     cycles = t.cycles - t.steady_cycles + steady
-    return replace(
-        t, seconds=cycles / clock, cycles=cycles, steady_cycles=steady, limits=limits, limiter=limiter, bound=bound
-    )
+    return replace(new, seconds=cycles / clock, cycles=cycles, steady_cycles=steady, limiter=limiter, bound=bound)
 
 
 def _tightest(t: DesignTiming, cycles: float) -> tuple[str, str]:
