@@ -827,9 +827,10 @@ def _cascade_parts(shape: Shape, config: Config, device: Device):
             # q rides the column's first K/V feed, ahead of it (flash-decoding: with one K/V channel too, leaving the
             # column's other channel free). feeds are in stage order, ch per column in either branch (one stage per
             # channel: a column's rows == ch)
-            assert len(feeds) == ch * kc or not (ch == 2 or config.group_rows)
+            q_rides = ch == 2 or config.group_rows
+            assert len(feeds) == ch * kc or not q_rides
             for j, q_in in enumerate(q_ins):
-                rides = feeds[j * ch] if ch == 2 or config.group_rows else None
+                rides = feeds[j * ch] if q_rides else None
                 fifos += [ObjectFifo(q_in, (n, d), "bf16", 1, shim_placement=Tile(col + j, SHIM_ROW), rides_with=rides)]
             fifos += [ObjectFifo(f, (n, d + 2), "fp32", 1) for f in states]
             fifos += [ObjectFifo(o_out, (n, d), "bf16", 1, shim_placement=Tile(col + kc - 1, SHIM_ROW))]
