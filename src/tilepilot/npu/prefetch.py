@@ -54,7 +54,7 @@ from tilepilot.npu.calibration import Calibration
 from tilepilot.npu.design import Design, FifoLink, nbytes
 from tilepilot.npu.device import Tile
 from tilepilot.npu.resources import TileUse, add_use, resource_use
-from tilepilot.npu.timing import DesignTiming, busiest_channel
+from tilepilot.npu.timing import DesignTiming, busiest_channel, shim_bytes_per_cycle, shim_channel_bytes
 
 HALVES = 2  # a region is a ping-pong pair: written during the window, read out in order by the link
 REGION_LOCKS = 4  # per region: a producer and a consumer lock for each half
@@ -259,44 +259,32 @@ def _active(fs: list[_Feed], design: Design, drained: bool) -> set[int]:
 def _shim_tails(
     design: Design, fs: list[_Feed], got: list[float], cal: Calibration, reading: float
 ) -> dict[str, float]:
-    """The limit (cycles) of each shim tile a fetched head left, as ``timing`` words and computes it (its busiest
+    """The limit (cycles) of each shim tile a fetched head left, as ``timing`` names and computes it (its busiest
     channel at the shim channel rate), each channel now carrying what its feeds did not fetch ahead, after waiting
     for the readout of half its feeds' heads (a feed is read at its share of the launch's rate ``reading``, as
     ``_retimed`` reads the whole head for the DDR side): what that shim still does during the launch."""
-    taken: dict[tuple[Tile, str], float] = defaultdict(float)
-    wait: dict[tuple[Tile, str], float] = defaultdict(float)
+    taken: dict[tuple[str, str], float] = defaultdict(float)
+    wait: dict[tuple[str, str], float] = defaultdict(float)
     total = sum(f.nbytes for f in fs)
     for g, f in zip(got, fs, strict=True):
-        taken[(f.shim, f.channel)] += g
+        key = (f"shim {f.shim}", f.channel)
+        taken[key] += g
         share = reading * f.nbytes / total if total else float("inf")
-        wait[(f.shim, f.channel)] = max(wait[(f.shim, f.channel)], g / HALVES / share if share > 0 else 0.0)
+        wait[key] = max(wait[key], g / HALVES / share if share > 0 else 0.0)
     dev = design.device
-    bpc = min(float(dev.stream_bytes_per_cycle), cal.shim_channel_bytes_per_s / dev.clock_hz)
+    bpc = shim_bytes_per_cycle(dev, cal)
     per_s = bpc * dev.clock_hz  # a channel's bytes per second: its readout wait as bytes it could have carried
     out = {}
-    for tile in {f.shim for f in fs}:
-        fills, drains = _of(design).shim_bytes.get(tile, ({}, {}))
-        left = [max(b - taken[(tile, ch)], 0.0) + wait[(tile, ch)] * per_s for ch, b in fills.items()]
-        out[f"shim {tile}"] = (
+    for name in {f"shim {f.shim}" for f in fs}:
+        fills, drains = _of(design).shim_bytes.get(name, ({}, {}))
+        left = [max(b - taken[(name, ch)], 0.0) + wait[(name, ch)] * per_s for ch, b in fills.items()]
+        out[name] = (
             max(
                 busiest_channel(left, dev.shim.mm2s_channels),
                 busiest_channel(list(drains.values()), dev.shim.s2mm_channels),
             )
             / bpc
         )
-    return out
-
-
-def _shim_bytes(design: Design) -> dict[Tile, tuple[dict[str, float], dict[str, float]]]:
-    """Bytes each shim tile's MM2S (fills) and S2MM (drains) channels carry over the launch, by carrying fifo."""
-    out: dict[Tile, tuple[dict[str, float], dict[str, float]]] = {}
-    for task in design.runtime.tasks:
-        fifo = design.fifo(task.fifo)
-        if fifo.shim_placement is None:
-            continue
-        fills, drains = out.setdefault(fifo.shim_placement, ({}, {}))
-        side = fills if task.kind == "fill" else drains
-        side[fifo.channel] = side.get(fifo.channel, 0.0) + nbytes(task.tap.n_elements, design.tensor(task.tensor).dtype)
     return out
 
 
@@ -347,7 +335,7 @@ class _Launch:
     channels: dict[Tile, list[str]]  # its shim MM2S channels' carrying fifos (``_channels``)
     feeds: list[_Feed]
     weight_s2mm: dict[Tile, int]  # S2MM channels of each memory tile its weight links take (free in its drain)
-    shim_bytes: dict[Tile, tuple[dict[str, float], dict[str, float]]]  # ``_shim_bytes``
+    shim_bytes: dict[str, tuple[dict[str, float], dict[str, float]]]  # ``timing.shim_channel_bytes``
 
 
 _LAUNCHES: dict[int, tuple[Design, _Launch]] = {}
@@ -366,6 +354,6 @@ def _of(design: Design) -> _Launch:
             weight_s2mm[f.mem] += 1
         hit = _LAUNCHES[id(design)] = (
             design,
-            _Launch(resource_use(design), channels, fs, dict(weight_s2mm), _shim_bytes(design)),
+            _Launch(resource_use(design), channels, fs, dict(weight_s2mm), shim_channel_bytes(design)),
         )
     return hit[1]

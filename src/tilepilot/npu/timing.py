@@ -468,7 +468,7 @@ def evaluate(p: DesignProfile, cal: Calibration, *, detail: bool = True) -> Desi
     workers = tuple(_time_worker(w, p.family, dev, cal, spill) for w in chosen)
     limits: list[tuple[str, float, str]] = [(f"worker {wt.name}", wt.total_cycles, wt.bound) for wt in workers]
     limits += [(name, cyc, "dma") for name, cyc in p.fixed_limits]
-    shim_bpc = min(float(dev.stream_bytes_per_cycle), cal.shim_channel_bytes_per_s / dev.clock_hz)
+    shim_bpc = shim_bytes_per_cycle(dev, cal)
     limits += [(name, b / shim_bpc, "dma") for name, b in p.shim_limits]
     limits.append(("ddr", (p.ddr_read + p.ddr_write) / cal.ddr_bytes_per_s * dev.clock_hz, "ddr"))
 
@@ -681,25 +681,43 @@ def _mem_tile_limits(
     return out
 
 
-def _shim_limits(s: Structure, fifos: dict[str, _Fifo], dev: Device, bpc: float) -> list[tuple[str, float, str]]:
-    """Per shim tile: busiest channel. Fifos without a shim placement share the whole device's shim channels."""
+def _shim_loads(s: Structure, fifos: dict[str, _Fifo]) -> dict[str, tuple[dict[str, float], dict[str, float], int]]:
+    """Per shim tile, by its limit's name: the bytes each MM2S (fill) and S2MM (drain) channel carries over the launch,
+    by carrying fifo, and how many shim tiles' channels it has (fifos without a shim placement share the device's)."""
     by_tile: dict[str, tuple[dict[str, float], dict[str, float], int]] = {}
     for t in s.tasks:
         tile = fifos[t.fifo].shim
         key = f"shim {tile}" if tile is not None else "shim (unplaced)"
-        scale = 1 if tile is not None else dev.columns
+        scale = 1 if tile is not None else s.device.columns
         fills, drains, _ = by_tile.setdefault(key, ({}, {}, scale))
         side = fills if t.kind == "fill" else drains
         channel = fifos[t.fifo].channel  # a rider's bytes queue on its host's channel
-        side[channel] = side.get(channel, 0.0) + t.nbytes / bpc
+        side[channel] = side.get(channel, 0.0) + t.nbytes
+    return by_tile
+
+
+def _shim_limits(s: Structure, fifos: dict[str, _Fifo], dev: Device, bpc: float) -> list[tuple[str, float, str]]:
+    """Per shim tile: busiest channel. Fifos without a shim placement share the whole device's shim channels."""
     out = []
-    for key, (fills, drains, scale) in by_tile.items():
+    for key, (fills, drains, scale) in _shim_loads(s, fifos).items():
         cyc = max(
-            busiest_channel(list(fills.values()), dev.shim.mm2s_channels * scale),
-            busiest_channel(list(drains.values()), dev.shim.s2mm_channels * scale),
+            busiest_channel([b / bpc for b in fills.values()], dev.shim.mm2s_channels * scale),
+            busiest_channel([b / bpc for b in drains.values()], dev.shim.s2mm_channels * scale),
         )
         out.append((key, cyc, "dma"))
     return out
+
+
+def shim_channel_bytes(design: Design) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Per shim tile, by its limit's name in ``DesignTiming.limits``: the bytes each of its MM2S (fill) and S2MM
+    (drain) channels carries over one launch, by carrying fifo (what the shim limits are computed from)."""
+    s = structure(design)
+    return {key: (fills, drains) for key, (fills, drains, _) in _shim_loads(s, {f.name: f for f in s.fifos}).items()}
+
+
+def shim_bytes_per_cycle(dev: Device, cal: Calibration) -> float:
+    """A shim channel's rate: it streams ``stream_bytes_per_cycle`` into the array, capped by its fetch from DDR."""
+    return min(float(dev.stream_bytes_per_cycle), cal.shim_channel_bytes_per_s / dev.clock_hz)
 
 
 def _producer_link(s: Structure, fifo: str) -> FifoLink | None:
