@@ -684,7 +684,8 @@ def resident_x(x: torch.Tensor, shape: Any, ctx: Any) -> torch.Tensor:
 
 def prologue_meta(shape: Any) -> dict[str, Any] | None:
     """``design.meta["prologue"]`` of a prenormed launch: each worker's one-time RMSNorm of its resident x, costed
-    as the rmsnorm kernel's per-element and per-row work (``npu.timing``: it lengthens the fill)."""
+    as the rmsnorm kernel's per-element and per-row work (``npu.timing``: what the stream behind it does not hide
+    lengthens the fill)."""
     if not prenormed(shape):
         return None
     m, k = shape.m, shape.k

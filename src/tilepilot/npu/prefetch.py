@@ -35,7 +35,9 @@ limit: compute, the memory-tile channels (counted with every byte, conservativel
 its region and forwards it, though its incoming side takes only the tails), and the shim channels, each left with
 the readout of half its feeds' heads (each feed read at its share of the launch's rate; its stream waits for that as
 DDR waits for the whole head's) plus its feeds' tails (the heads crossed it in the window, while it was free). Fill
-and drain are unchanged. A launch this does not make faster fetches nothing.
+and drain are unchanged but for a one-time prologue (a folded RMSNorm): while the workers run it, the readout can
+only fill their L1 buffers, and everything behind the readout waits, so the stream side hides only L1's share at
+the readout's pace (``timing.prologue_exposed``). A launch this does not make faster fetches nothing.
 
 **Legality.** A memory tile holds one region per weight-link layout of the pass that passes it (buffer descriptors
 are fixed per transfer pattern): two write BDs, two read BDs per destination of the link, four locks; its memory is
@@ -54,7 +56,13 @@ from tilepilot.npu.calibration import Calibration
 from tilepilot.npu.design import Design, FifoLink, nbytes
 from tilepilot.npu.device import Tile
 from tilepilot.npu.resources import TileUse, add_use, resource_use
-from tilepilot.npu.timing import DesignTiming, busiest_channel, shim_bytes_per_cycle, shim_channel_bytes
+from tilepilot.npu.timing import (
+    DesignTiming,
+    busiest_channel,
+    prologue_exposed,
+    shim_bytes_per_cycle,
+    shim_channel_bytes,
+)
 
 HALVES = 2  # a region is a ping-pong pair: written during the window, read out in order by the link
 REGION_LOCKS = 4  # per region: a producer and a consumer lock for each half
@@ -310,8 +318,12 @@ def _retimed(t: DesignTiming, head: int, cal: Calibration, shim: dict[str, float
     limits = tuple((name, ddr_side if name == "ddr" else c) for name, c in limits)
     new = replace(t, limits=limits)
     limiter, bound = ("ddr", "ddr") if ddr_side >= other else _tightest(new, other)
-    cycles = t.cycles - t.steady_cycles + steady
-    return replace(new, seconds=cycles / clock, cycles=cycles, steady_cycles=steady, limiter=limiter, bound=bound)
+    # a prologue holds the head's readout once the workers' L1 buffers are full (the memory tile holds the head)
+    exposed = prologue_exposed(limits, t.prologue[0], t.prologue[2] * t.ddr_read_bytes / _reading(t) * clock)
+    fill = t.fill_cycles - t.prologue_exposed_cycles + exposed
+    cycles = t.cycles - t.steady_cycles - t.fill_cycles + steady + fill
+    timing = dict(seconds=cycles / clock, cycles=cycles, fill_cycles=fill, steady_cycles=steady)
+    return replace(new, **timing, limiter=limiter, bound=bound, prologue_exposed_cycles=exposed)
 
 
 def _tightest(t: DesignTiming, cycles: float) -> tuple[str, str]:

@@ -28,6 +28,9 @@ Per design (cycles)::
                  DDR bytes (read + write) / usable DDR bandwidth)
     design = fill + steady + drain + (task groups - 1) * (fill + drain)
 
+A one-time prologue of the workers (a folded RMSNorm) adds to the fill only what the stream behind it cannot hide
+in the buffers fed from DDR (``prologue_exposed``), and once, not at each task-group boundary.
+
 Per dispatch: ``dispatch_overhead + sum(tiles configured * tile_config + design) + (launches - 1) *
 launch_in_group``, where a design configures one tile per worker and one per memory tile holding links.
 
@@ -93,6 +96,10 @@ class DesignTiming:
     limits: tuple[tuple[str, float], ...]  # every lower bound considered, in cycles
     clock_hz: float
     clock: str = "modeled"
+    # (cycles, ahead, ahead in L1) of a one-time prologue (``DesignProfile.ahead``); ``prologue_exposed_cycles``, the
+    # part the stream behind it does not hide, is in ``fill_cycles``
+    prologue: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    prologue_exposed_cycles: float = 0.0
 
     @property
     def ddr_bytes(self) -> int:
@@ -117,6 +124,8 @@ class DesignTiming:
             "fill_cycles": self.fill_cycles,
             "drain_cycles": self.drain_cycles,
             "steady_cycles": self.steady_cycles,
+            "prologue_cycles": self.prologue[0],
+            "prologue_exposed_cycles": self.prologue_exposed_cycles,
             "macs": self.macs,
             "ddr_read_bytes": self.ddr_read_bytes,
             "ddr_write_bytes": self.ddr_write_bytes,
@@ -223,7 +232,8 @@ class Structure:
     # on (a GEMM's partial sums per L2 K tile, ``design.meta["spill"]``); paid serially, through the tile's DMA
     spill: tuple[int, int] = (0, 0)
     # (family, vector ops, bytes touched) of the work every worker does once before its first call, on data that
-    # has arrived (a fused RMSNorm normalizing its resident x, ``design.meta["prologue"]``); it lengthens the fill
+    # has arrived (a fused RMSNorm normalizing its resident x, ``design.meta["prologue"]``); what the stream behind it
+    # does not hide lengthens the fill (``prologue_exposed``)
     prologue: tuple[str, int, int] = ("", 0, 0)
 
 
@@ -412,6 +422,8 @@ class DesignProfile:
     macs: int
     spill: tuple[int, int] = (0, 0)
     prologue: tuple[str, int, int] = ("", 0, 0)
+    # (all buffers, L1 alone): the smallest share of its bytes a stream fed from DDR can hold ahead (``_ahead``)
+    ahead: tuple[float, float] = (0.0, 0.0)
 
     @functools.cached_property
     def distinct_workers(self) -> tuple[_WorkerProfile, ...]:
@@ -440,9 +452,62 @@ def _profile(s: Structure) -> DesignProfile:
     drains = _pareto({p for w in s.workers for f in w.outputs for p in _paths(f, s, fifos, bpc, _consumer_link)})
     macs = sum(w.macs_per_call * w.calls_per_iteration * w.iterations for w in s.workers)
     groups = len({t.group for t in s.tasks})
+    ahead = _ahead(s, fifos, fifo_bytes) if s.prologue[1] else (0.0, 0.0)
     return DesignProfile(
-        dev, s.family, workers, fixed, shim, ddr_read, ddr_write, fills, drains, groups, macs, s.spill, s.prologue
-    )
+        dev, s.family, workers, fixed, shim, ddr_read, ddr_write, fills, drains, groups, macs, s.spill, s.prologue,
+        ahead,
+    )  # fmt: skip
+
+
+def _ahead(s: Structure, fifos: dict[str, _Fifo], fifo_bytes: dict[str, float]) -> tuple[float, float]:
+    """What the buffers fed from DDR can hold ahead of the workers, as a share of the bytes they carry: per stream
+    (the fifos of shim fill tasks and every fifo their links pass objects to, joined streams together), its buffers
+    beyond the first object each, which the fill path already carries: each link's memory-tile store (its source's
+    for a split or forward, its destination's for a join: ``resources.link_cost``) and each worker's input fifo (its
+    consumer's L1). A buffer holds at most its depth and the objects it carries (x, sent once, holds nothing ahead),
+    and a stream at most all its bytes but its first objects. The smallest share over the streams that carry more
+    than one object each (the first to fill stops its channel), for all buffers and for L1 alone."""
+    roots = {t.fifo for t in s.tasks if t.kind == "fill"}
+    group = {f: f for f in roots}  # union-find over the fifos of one stream
+
+    def find(f: str) -> str:
+        while group[f] != f:
+            f = group[f]
+        return f
+
+    links: list[FifoLink] = []
+    frontier = set(roots)
+    while frontier:
+        new = [lk for lk in s.links if set(lk.srcs) & frontier and lk not in links]
+        links += new
+        frontier = {d for lk in new for d in lk.dsts} - set(group)
+        for lk in new:
+            for f in lk.fifos:
+                group.setdefault(f, f)
+            for f in lk.fifos[1:]:
+                group[find(f)] = find(lk.fifos[0])
+
+    def objects(name: str) -> float:
+        f = fifos.get(name)
+        return fifo_bytes.get(name, 0.0) / f.obj_bytes if f is not None and f.obj_bytes else 0.0
+
+    def ahead(name: str) -> float:
+        return max(min(fifos[name].depth, objects(name)) - 1, 0.0) * fifos[name].obj_bytes if name in fifos else 0.0
+
+    stores = {lk.srcs[0] if lk.kind in ("split", "forward") else lk.dsts[0] for lk in links}
+    consumed = {f for w in s.workers for f in w.inputs} & set(group)
+    shares: list[tuple[float, float]] = []
+    for top in {find(r) for r in roots}:
+        members = [f for f in group if find(f) == top]
+        mine = [r for r in roots if r in members]
+        if all(objects(r) <= 1 for r in mine):
+            continue
+        carried = sum(fifo_bytes.get(r, 0.0) for r in mine)
+        most = carried - sum(fifos[r].obj_bytes for r in mine)
+        l1 = min(sum(ahead(f) for f in members if f in consumed), most)
+        total = min(sum(ahead(f) for f in members if f in stores) + l1, most)
+        shares.append((total / carried, l1 / carried) if carried else (0.0, 0.0))
+    return (min(a for a, _ in shares), min(b for _, b in shares)) if shares else (0.0, 0.0)
 
 
 def profile(design: Design) -> DesignProfile:
@@ -474,9 +539,13 @@ def evaluate(p: DesignProfile, cal: Calibration, *, detail: bool = True) -> Desi
 
     resource, steady, bound = max(limits, key=lambda x: x[1]) if limits else ("none", 0.0, "compute")
     hop = cal.dma_hop_latency_cycles
-    fill = max((n * hop + b for n, b in p.fill_paths), default=0.0) + _prologue_cycles(p, cal)
+    paths = max((n * hop + b for n, b in p.fill_paths), default=0.0)
+    prologue = (_prologue_cycles(p, cal), *p.ahead)
+    named = tuple((name, cyc) for name, cyc, _ in limits)
+    exposed = prologue_exposed(named, prologue[0], p.ahead[0] * stream_cycles(named))
+    fill = paths + exposed
     drain = max((n * hop + b for n, b in p.drain_paths), default=0.0)
-    bubbles = max(p.n_groups - 1, 0) * (fill + drain)
+    bubbles = max(p.n_groups - 1, 0) * (paths + drain)  # the prologue runs once, not at every group boundary
     cycles = fill + steady + drain + bubbles
     return DesignTiming(
         name="",
@@ -491,15 +560,41 @@ def evaluate(p: DesignProfile, cal: Calibration, *, detail: bool = True) -> Desi
         ddr_read_bytes=p.ddr_read,
         ddr_write_bytes=p.ddr_write,
         workers=workers,
-        limits=tuple((name, cyc) for name, cyc, _ in limits),
+        limits=named,
         clock_hz=dev.clock_hz,
+        prologue=prologue,
+        prologue_exposed_cycles=exposed,
     )
+
+
+def _streams(name: str) -> bool:
+    """Whether a limit is the stream's from DDR (the DDR bandwidth, a shim tile's channels)."""
+    return name == "ddr" or name.startswith("shim ")
+
+
+def stream_cycles(limits: Sequence[tuple[str, float]]) -> float:
+    """The longest of a launch's stream limits (``_streams``): the cycles its stream from DDR takes."""
+    return max((c for name, c in limits if _streams(name)), default=0.0)
+
+
+def prologue_exposed(limits: Sequence[tuple[str, float]], cycles: float, hidden: float) -> float:
+    """Cycles a one-time prologue of ``cycles`` adds to a launch whose steady state is ``max(limits)``. The workers
+    run it before their first call, so their limits grow by all of it, as do the memory tiles' (their outgoing side
+    waits for the workers' buffers to free). The stream from DDR does not wait until the buffers it feeds are full,
+    which takes it ``hidden`` cycles (``DesignProfile.ahead``'s share of its bytes at its own pace), so the stream
+    limits grow only by what is left of the prologue after that. A launch bound by its stream hides a prologue its
+    buffers cover, as the array does (the DMAs run on their own); a worker-bound one pays all of it."""
+    if cycles <= 0 or not limits:
+        return 0.0
+    steady = max(c for _, c in limits)
+    rest = max((c for name, c in limits if not _streams(name)), default=0.0)
+    return max(rest + cycles, stream_cycles(limits) + max(cycles - hidden, 0.0)) - steady
 
 
 def _prologue_cycles(p: DesignProfile, cal: Calibration) -> float:
     """Cycles of the workers' one-time prologue, at the efficiency of the family whose arithmetic it is (a fused
     RMSNorm costs what the RMSNorm kernel's own inner loop costs per element); paid after the first data arrive and
-    before the first call, so it adds to the fill (no overlap with the weight stream is assumed)."""
+    before the first call (``prologue_exposed``: how much of it the stream behind hides)."""
     family, ops, nbytes = p.prologue
     if not ops:
         return 0.0
