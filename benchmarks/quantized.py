@@ -51,7 +51,7 @@ from tilepilot.plan.air_q4 import fused_stage, window_ladder
 from tilepilot.plan.builtin import builtin_plan, paper_like_plan
 from tilepilot.plan.merge import FOLDS, merged_stage, packing_alternatives
 from tilepilot.plan.plan import DeploymentPlan, with_weights
-from tilepilot.plan.resident import fit_resident, search_structures, squeezed
+from tilepilot.plan.resident import as_it_will_run, fit_resident, prefetch_if_faster, search_structures, squeezed
 from tilepilot.runtime.dispatcher import KernelLibrary
 from tilepilot.runtime.eta import decode_streamed_bytes
 from tilepilot.runtime.runner import NpuRunner, one_dispatch_name
@@ -132,8 +132,8 @@ def switched_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefill
     plan = merged_stage(plan) or plan
     plan.name = f"tilepilot-{label}"
     plan = tuned(plan, spec)
-    # rmsnorm-prologue, residual-epilogue, swiglu-epilogue, qk-norm-into-rope, kv-write-into-rope, each kept only when
-    # it makes this pass faster (as the decode phase keeps a skill)
+    # the decode phase's folds (``plan.merge.FOLDS``: rmsnorm-prologue ... rope-epilogue, kv-write-into-rope), each kept
+    # only when it makes this pass faster (as the decode phase keeps a skill)
     for fold in FOLDS:
         folded = fold(plan, tuner=lambda fam, shape: asdict(tune(fam, shape).config))
         if folded is not None:
@@ -160,11 +160,7 @@ def tilepilot_plan(spec: ModelSpec, label: str, fmt: WeightFormat, packed_prefil
 def prefetched(plan: DeploymentPlan, spec: ModelSpec) -> DeploymentPlan:
     """``weight-prefetch`` as the decode phase keeps it: a resident pass's GEMV weights fetched ahead into free
     memory-tile regions (``npu/prefetch.py``), kept only when the modeled decode is faster."""
-    if not plan.decode.resident:
-        return plan
-    new = copy.deepcopy(plan)
-    new.decode.prefetch = True
-    return new if timed(new, spec) < timed(plan, spec) else plan
+    return prefetch_if_faster(plan, lambda p: timed(p, spec))
 
 
 def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> DeploymentPlan:
@@ -176,17 +172,17 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     fits = []
     alternatives = [alt for alt, _ in packing_alternatives(plan)]  # also with merged RoPE / bias / GEMV runs split
     # independent fits on worker processes (TILEPILOT_JOBS, else the CPUs): the results of one process, in order
-    got_all = fork_map(lambda a: fitted(a, spec, label), alternatives)
+    got_all = fork_map(lambda a: fitted(a, spec, label, like=plan), alternatives)
     for n, (alt, got) in enumerate(zip(alternatives, got_all, strict=True)):
         if got is not None:
-            fits.append((timed(got, spec), n, got, alt))
+            fits.append((timed(got[0], spec), n, got[0], plan if got[1] else alt))
     if not fits:
         print(f"{spec.name} {label}: the switched pass is timed", file=sys.stderr)
         return plan
     seconds, _, resident, base = min(fits, key=lambda f: (f[0], f[1]))  # ties to the pass as it is
     tight = squeezed(resident, spec)
     if tight:
-        steps = search_structures(base, seconds, lambda p: fitted(p, spec, label), lambda p: timed(p, spec), jobs=None)
+        steps = search_structures(base, seconds, lambda p: walked(p, spec, label), lambda p: timed(p, spec), jobs=None)
         for _, _, s, words in steps:
             print(f"{spec.name} {label}: {', '.join(tight)} squeezed; {words}: {1 / s:.2f} tok/s", file=sys.stderr)
         if not steps:
@@ -196,13 +192,22 @@ def resident_of(plan: DeploymentPlan, spec: ModelSpec, label: str) -> Deployment
     return resident
 
 
-def fitted(plan: DeploymentPlan, spec: ModelSpec, label: str) -> DeploymentPlan | None:
-    """``plan``'s resident fit, or None (said)."""
+def fitted(plan: DeploymentPlan, spec: ModelSpec, label: str, like: DeploymentPlan | None = None) -> Any:
+    """``plan``'s resident fit as it will run, or None (said): ``plan.resident.as_it_will_run``, as
+    ``resident-decode`` compares its fits (prefetching when faster; a fit of ``like`` with a run split out also with
+    the run merged again), with whether it was merged again."""
     try:
-        return fit_resident(plan, spec)[0]
+        got = fit_resident(plan, spec)[0]
+        return as_it_will_run(got, lambda p: timed(p, spec), like=like)
     except DesignError as e:
         print(f"{spec.name} {label}: no resident packing ({e})", file=sys.stderr)
         return None
+
+
+def walked(plan: DeploymentPlan, spec: ModelSpec, label: str) -> DeploymentPlan | None:
+    """A step of the structure walk fitted as it will run (prefetching when faster), or None."""
+    got = fitted(plan, spec, label)
+    return got[0] if got is not None else None
 
 
 def timed(plan: DeploymentPlan, spec: ModelSpec) -> float:

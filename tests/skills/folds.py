@@ -23,12 +23,12 @@ def _logits(plan, ck, lib: KernelLibrary):
     return out, lib.timed_dispatches(one_dispatch_name("decode"))[-1]
 
 
-def assert_same_logits_fewer_launches(unfused, folded, ck, fewer: int) -> None:
+def assert_same_logits_fewer_launches(unfused, folded, ck, fewer: int, faster: bool = True) -> None:
     """Prefill and two greedy decode steps of both plans give equal logits; the folded plan's one decode dispatch
-    has ``fewer`` launches fewer and takes less modeled time."""
+    has ``fewer`` launches fewer and (``faster``) takes less modeled time."""
     lib = KernelLibrary()
     before, one_before = _logits(unfused, ck, lib)
     after, one_after = _logits(folded, ck, lib)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert one_before.launches - one_after.launches == fewer
-    assert one_after.seconds < one_before.seconds
+    assert one_after.seconds < one_before.seconds or not faster

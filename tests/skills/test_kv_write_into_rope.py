@@ -31,6 +31,8 @@ from tilepilot.plan.resident import fit_resident
 from tilepilot.skills.optimize.decode import KvWriteIntoRope, ResidentDecode
 from tilepilot.skills.optimize.placement import _to_npu
 
+QKV_ROPED = ["q_proj", "k_proj", "v_proj", "attn_norm", "rope_q", "rope_k"]
+
 
 def _runs(plan) -> list[list[str]]:
     return [m for g in plan.decode.block for m in g.merged]
@@ -138,7 +140,8 @@ def test_the_skill_is_kept_when_faster_and_the_gate_passes(fresh_ctx):
 def test_a_write_the_paper_groups_keep_apart_from_rope_folds_in_the_joined_resident_pass(fresh_ctx):
     """The paper's decode rotates in one ELF and writes the cache in the next: the fold finds nothing while the pass
     is dispatched per group, and ``resident-decode``, which joins the pass, also fits it with every merge and fold
-    the joined groups allow (``plan.merge.every_fold``)."""
+    the joined groups allow (``plan.merge.every_fold``). There RoPE folds into the Q/K/V launch first
+    (``rope-epilogue``), which leaves the write its own launch; with RoPE its own launch again, the write folds."""
     ctx = fresh_ctx("llama", layers=1, timing_prompt_len=256, greedy_steps=6, proposal_greedy_steps=3)
     fmt = WeightFormat("q4_0", kv_cache="q8_0")
     per_group, _ = _to_npu(
@@ -148,13 +151,16 @@ def test_a_write_the_paper_groups_keep_apart_from_rope_folds_in_the_joined_resid
     assert not per_group.decode.one_dispatch and cached_rope_stage(per_group) is None
     joined = every_fold(fused_stage(per_group))
     assert joined is not None and validate_plan(joined) == [] and every_fold(joined) is None
-    assert ["rope_q", "rope_k", "kv_write"] in _runs(joined)
+    assert QKV_ROPED in _runs(joined) and not any("kv_write" in m for m in _runs(joined))
+    rope_apart = split_stage(joined, kinds=("rope",))
+    cached = cached_rope_stage(rope_apart)
+    assert cached is not None and validate_plan(cached) == [] and ["rope_q", "rope_k", "kv_write"] in _runs(cached)
     ctx.save_plan(per_group)
     ctx.opt_stage = "decode"
     props = list(ResidentDecode().proposals(ctx.plan, ctx, "decode"))
     folded = [p for p in props if "the merges and folds the joined pass allows" in p.change]
     assert len(folded) == 1 and folded[0].plan.decode.resident
-    assert ["rope_q", "rope_k", "kv_write"] in _runs(folded[0].plan)
+    assert QKV_ROPED in _runs(folded[0].plan)
 
 
 def test_the_decode_phase_tries_the_folds_in_the_order_every_walker_of_them_uses():

@@ -238,10 +238,12 @@ class FoldedLinear(_Merged):
     LM head) ops, then optionally the RMSNorm they all read (its prologue: every worker normalizes its resident x
     once before its first call, ``kernels.gemv.resident_x``), then optionally the residual add of the one linear's
     output or the SwiGLU of the two linears' outputs (its epilogue: each worker adds its rows of the residual, riding
-    in x, or writes silu(gate) * up of its rows). Each folded op runs with its own kernel's arithmetic, so the
-    outputs equal the separate launches' bit for bit; the folded launches, their DDR round trips and their fills and
-    drains are saved. Only the last op's output is written (``plan.merge_problems`` checks nothing else reads the
-    others)."""
+    in x, or writes silu(gate) * up of its rows), or the RoPE ops of the first linears' outputs, in their order (its
+    epilogue: each worker rotates its rows of each head with the position's table, riding in x, ``kernels.gemv.
+    rope_blocks``). Each folded op runs with its own kernel's arithmetic, so the outputs equal the separate launches'
+    bit for bit; the folded launches, their DDR round trips and their fills and drains are saved. Only the last op's
+    output is written, or each linear's RoPE output in its place (``plan.merge_problems`` checks nothing else reads
+    the others)."""
 
     members: tuple[OpNode, ...]
 
@@ -258,6 +260,15 @@ class FoldedLinear(_Merged):
         return next((n for n in self.members if n.kind in EPILOGUE_KINDS), None)
 
     @property
+    def ropes(self) -> tuple[OpNode, ...]:
+        """The RoPE ops of a RoPE epilogue, one per rotated linear op (the first ones), in their order."""
+        return tuple(n for n in self.members if n.kind == "rope")
+
+    @property
+    def tables(self) -> bool:  # type: ignore[override]
+        return bool(self.ropes)
+
+    @property
     def reads(self) -> tuple[str, ...]:
         x = self.norm.inputs[0] if self.norm else self.linears[0].inputs[0]
         ep = self.epilogue
@@ -267,25 +278,32 @@ class FoldedLinear(_Merged):
 
     @property
     def writes(self) -> tuple[OpNode, ...]:
-        return (self.epilogue,) if self.epilogue is not None else self.linears
+        if self.epilogue is not None:
+            return (self.epilogue,)
+        return (*self.ropes, *self.linears[len(self.ropes) :])
 
     def shape(self, family: str, spec: ModelSpec, rows: int, config: dict[str, Any]) -> Any:
         known = {f.name for f in fields(family_module(family).Shape)} if family in ("gemv", "qgemv") else set()
-        if not {"norm_eps", "residual", "gated"} <= known:
+        if not {"norm_eps", "residual", "gated", "rope_dim"} <= known:
             raise ConfigError(f"{family} takes no folded ops; ops {[n.op for n in self.members]} cannot merge")
+        ropes = self.ropes
+        if [r.inputs for r in ropes] != [(n.output,) for n in self.linears[: len(ropes)]]:
+            raise ConfigError(f"ops {[n.op for n in self.members]}: RoPE op j must rotate linear op j's output")
         if len(self.linears) > 1:
             inner = MergedLinear(self.linears).shape(family, spec, rows, config)
         else:
             inner = binding(self.linears[0], family).shape(self.linears[0], spec, rows, 0, config)
         ep = self.epilogue.kind if self.epilogue is not None else None
         eps = spec.rms_eps if self.norm is not None else None
-        return replace(inner, norm_eps=eps, residual=ep == "add", gated=ep == "swiglu")
+        rope = {"rope_dim": spec.head_dim, "rope_parts": len(ropes)} if ropes else {}
+        return replace(inner, norm_eps=eps, residual=ep == "add", gated=ep == "swiglu", **rope)
 
     def run(
         self, design: Any, inputs: list[torch.Tensor], weights: list[torch.Tensor], args: Args, spec: ModelSpec
     ) -> list[torch.Tensor]:
         """``inputs``: x (the norm's input with a prologue), then the residual of an add epilogue; ``weights``: the
-        linear ops' (packed) matrices, then the norm's weight."""
+        linear ops' (packed) matrices, then the norm's weight; ``args``: a RoPE epilogue's table (the pass's fp32
+        table of the call's positions, in the design's table precision as ``_rope_fast`` gives it to RoPE)."""
         mats = weights[: len(self.linears)]
         names = [f"w{j}" for j in range(len(mats))] if len(mats) > 1 else ["w"]
         ins = {"x": inputs[0], **dict(zip(names, mats, strict=True))}
@@ -293,6 +311,8 @@ class FoldedLinear(_Merged):
             ins["g"] = weights[len(self.linears)]
         if len(inputs) > 1:
             ins["r"] = inputs[1]
+        if self.ropes:
+            ins["cs"] = args["cs"].to(torch_dtype(design.tensor("cs").dtype))
         out = design.fast(ins)
         if self.epilogue is not None or len(mats) == 1:
             return [out["y"]]
@@ -398,7 +418,8 @@ _MERGED_BY_KIND: dict[str, type] = {"linear": MergedLinear, "rope": MergedRope, 
 def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     """The one launch of a ``KernelGroup.merged`` run: a multi-matrix GEMV for linear ops, one RoPE launch for RoPE
     ops, one bias launch for bias ops; linear (or LM head) ops followed by the RMSNorm they read and/or a residual
-    add or SwiGLU of their outputs: one GEMV launch with those folded in (``FoldedLinear``); RoPE ops followed by the
+    add or SwiGLU of their outputs, or the RoPE ops of their outputs: one GEMV launch with those folded in
+    (``FoldedLinear``); RoPE ops followed by the
     per-head norms that feed them: one RoPE launch normalizing first (``NormedRope``); either RoPE run followed by the
     write of a quantized KV cache: one RoPE launch that also stores the cache's rows (``CachedRope``)."""
     kinds = [n.kind for n in members]
@@ -412,6 +433,9 @@ def merged_launch(members: tuple[OpNode, ...]) -> MergedLaunch:
     n_lin = next((i for i, k in enumerate(kinds) if k not in LINEAR_KINDS), len(kinds))
     rest = kinds[n_lin:]
     if n_lin and rest in (["rmsnorm"], *([e] for e in EPILOGUE_KINDS), *(["rmsnorm", e] for e in EPILOGUE_KINDS)):
+        return FoldedLinear(members)
+    ropes = ["rope"] * rest.count("rope")
+    if n_lin and ropes and rest in (ropes, ["rmsnorm", *ropes]):  # a RoPE epilogue
         return FoldedLinear(members)
     raise ConfigError(f"ops {[n.op for n in members]} ({sorted(set(kinds))}) cannot share one launch")
 

@@ -31,14 +31,14 @@ the other for calibration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from math import prod
 from typing import Any
 
 import torch
 
-from tilepilot.kernels import rmsnorm, swiglu
+from tilepilot.kernels import rmsnorm, rope, swiglu
 from tilepilot.kernels.rmsnorm import normalize_rows
 from tilepilot.kernels.swiglu import silu_mul
 from tilepilot.npu import numerics as nx
@@ -94,8 +94,9 @@ ACCUMULATORS = (*nx.ACCUMULATORS, SERIAL_BF16)
 class Shape:
     """``parts``: a multi-matrix launch (matrices reading the same x, e.g. Q/K/V), each matrix's output rows, summing
     to ``n``; empty = one matrix (tensors ``w``/``y``; with parts ``w0``.. / ``y0``..). ``norm_eps``, ``residual``,
-    ``gated``: an RMSNorm prologue, a residual-add or SwiGLU epilogue folded into the launch, as the quantized GEMV's
-    (``kernels/qgemv.py``; the same dataflow, the same helpers below, so a bf16 decode saves the same launches)."""
+    ``gated``, ``rope_dim``: an RMSNorm prologue, a residual-add, SwiGLU or RoPE epilogue folded into the launch, as
+    the quantized GEMV's (``kernels/qgemv.py``; the same dataflow, the same helpers below, so a bf16 decode saves the
+    same launches)."""
 
     n: int  # output features (rows of W in Hugging Face [out, in] layout)
     k: int  # input features
@@ -104,6 +105,8 @@ class Shape:
     norm_eps: float | None = None
     residual: bool = False
     gated: bool = False
+    rope_dim: int = 0
+    rope_parts: int = 0
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
@@ -158,12 +161,16 @@ def l1_bytes(shape: Shape, config: Config) -> int:
     tm, tk, m = config.tile_m, config.tile_k, shape.m
     acc = 4 * m * tm if config.acc == "fp32" else 0
     x = prod(x_object(shape)) if config.x_rides else 2 * m * tk  # resident whole x (+ g, r), or a double-buffered chunk
-    return 2 * (config.depth * tm * tk + x + 2 * m * tm) + acc + _fold_local_bytes(shape, config) + CORE_STACK_BYTES
+    y = rope_output_bytes(shape, config.tiling())  # a roped worker's output buffers beyond the double buffer
+    fold = _fold_local_bytes(shape, config)
+    return 2 * (config.depth * tm * tk + x + 2 * m * tm) + y + acc + fold + CORE_STACK_BYTES
 
 
 def _fold_local_bytes(shape: Shape, config: Config) -> int:
-    """L1 the folds add to a worker's scratch: the normed x of a prologue, the kept gate rows of a gated launch."""
-    return prenorm_local_bytes(shape) + 2 * shape.m * config.tile_m * gate_blocks(shape, rows_per_iteration(config))
+    """L1 the folds add to a worker's scratch: the normed x of a prologue, the kept gate rows of a gated launch, a
+    roped launch's held blocks and table columns."""
+    gate = 2 * shape.m * config.tile_m * gate_blocks(shape, rows_per_iteration(config))
+    return prenorm_local_bytes(shape) + gate + rope_local_bytes(shape, config.tiling())
 
 
 def rows_per_iteration(config: Config) -> int:
@@ -189,7 +196,7 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
         raise _err(f"config {config} has a non-positive tile size or depth")
     check_feed(config.weight_channels, config.x_rides, config.cols, config.rows, config.tile_m, device, _err)
     check_parts(shape, config.cols * config.rows * config.tile_m, _err)
-    check_folds(shape, config.x_rides, _err)
+    check_folds(shape, config.tiling(), _err)
     if folds(shape) and config.acc != "fp32":
         raise _err("a launch with a folded op accumulates in fp32 (acc='fp32'): its epilogue reads the finished rows")
     if shape.k % config.tile_k or config.tile_k % K_GRANULE:
@@ -201,19 +208,115 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
 
 def folds(shape: Any) -> bool:
     """Whether the launch needs a resident x: something rides in it (a prologue's norm weight, an epilogue's
-    residual), or its workers keep state across blocks (a gated launch's gate rows)."""
-    return prenormed(shape) or with_residual(shape) or gated(shape)
+    residual or RoPE table), or its workers keep state across blocks (a gated launch's gate rows)."""
+    return prenormed(shape) or with_residual(shape) or gated(shape) or roped(shape)
 
 
-def check_folds(shape: Any, x_rides: bool, err: Callable[[str], DesignError]) -> None:
+def check_folds(shape: Any, t: Tiling, err: Callable[[str], DesignError]) -> None:
     """The rules of the ops a matrix-vector launch may fold (gemv and qgemv alike): each needs a resident x; a SwiGLU
-    gates the second of two equal matrices and takes no residual; a residual adds to one matrix's outputs."""
-    if folds(shape) and not x_rides:
-        raise err("an RMSNorm prologue or a residual or SwiGLU epilogue needs a resident x: x_rides (2 channels)")
+    gates the second of two equal matrices and takes no residual; a residual adds to one matrix's outputs; a RoPE
+    epilogue (``rope_blocks``) rotates whole heads of its first ``rope_parts`` matrices, with no other epilogue."""
+    if folds(shape) and not t.x_rides:
+        raise err("an RMSNorm prologue or a residual, SwiGLU or RoPE epilogue needs a resident x: x_rides (2 channels)")
     if gated(shape) and (len(shape.parts) != 2 or shape.parts[0] != shape.parts[1] or with_residual(shape)):
         raise err("a SwiGLU epilogue gates the second of two equal matrices (gate, up) and takes no residual")
     if with_residual(shape) and shape.parts:
         raise err("a residual epilogue adds to one matrix's outputs; a multi-matrix launch cannot take one")
+    if roped(shape):
+        _check_rope(shape, t, err)
+
+
+# A head's blocks a worker may hold and write at once: its output fifo's depth (each buffer a BD and a lock pair of its
+# tile); more is refused rather than left to fail the tile's budgets late.
+ROPE_MAX_HEAD_BLOCKS = 4
+
+
+def roped(shape: Any) -> bool:
+    """Whether the launch rotates its first ``rope_parts`` matrices' outputs (``Shape.rope_dim``, the head size: the
+    RoPE launch as its epilogue)."""
+    return bool(getattr(shape, "rope_dim", 0))
+
+
+def _check_rope(shape: Any, t: Tiling, err: Callable[[str], DesignError]) -> None:
+    d, mats = shape.rope_dim, shape.matrices()
+    if d % 2 or not 1 <= shape.rope_parts <= len(mats) or with_residual(shape) or gated(shape):
+        raise err(f"a RoPE epilogue rotates 1..{len(mats)} matrices' heads of an even size, with no other epilogue")
+    if t.tile_m0:
+        raise err("a RoPE epilogue needs an even row split (tile_m0 = 0): every worker holds the same rows of a head")
+    block = t.rows * t.tile_m
+    if (d // 2) % block:
+        raise err(
+            f"a RoPE epilogue needs a column's rows per call ({t.rows} x {t.tile_m}) to divide half a head ({d // 2}): "
+            "each worker then computes both rows of each pair it rotates; pick tile_m or rows to suit"
+        )
+    for n in mats[: shape.rope_parts]:
+        if n % (d * t.cols):
+            raise err(f"a RoPE epilogue needs whole heads of {d} rows per column; N={n} over {t.cols} columns is not")
+    if rope_head_blocks(shape, t) > ROPE_MAX_HEAD_BLOCKS:
+        raise err(
+            f"a RoPE epilogue writes a head's {rope_head_blocks(shape, t)} blocks at once, more than the "
+            f"{ROPE_MAX_HEAD_BLOCKS} objects a worker's output fifo holds here; use more rows per call"
+        )
+
+
+def block_writes(shape: Any, t: Tiling) -> list[int]:
+    """Output objects a worker writes after each of its blocks (one per block of rows per iteration, matrices in
+    order): 1; none for a gated launch's gate blocks (kept, ``gate_blocks``); for a rotated matrix (``roped``) none
+    until the last block of each head, then all the head's blocks, rotated (``rope_blocks``)."""
+    total = t.rows_per_iteration()
+    its = [n // total for n in shape.matrices()]
+    quiet = gate_blocks(shape, total)
+    out = [0 if b < quiet else 1 for b in range(sum(its))]
+    if roped(shape):
+        per_head = rope_head_blocks(shape, t)
+        for b in range(rope_blocks(shape, t)):
+            out[b] = per_head if b % per_head == per_head - 1 else 0
+    return out
+
+
+def rope_parts(shape: Any) -> int:
+    """How many of the launch's first matrices its RoPE epilogue rotates (0: none)."""
+    return shape.rope_parts if roped(shape) else 0
+
+
+def rope_head_blocks(shape: Any, t: Tiling) -> int:
+    """A column's blocks per head of a rotated matrix: the output objects a worker writes at once."""
+    return shape.rope_dim // (t.rows * t.tile_m)
+
+
+def rope_blocks(shape: Any, t: Tiling) -> int:
+    """Blocks of the rotated matrices (the first ``rope_parts``), which a worker holds until the last block of each
+    head: a column owns whole heads and makes ``rows * tile_m`` rows of them per block, a divisor of half a head, so
+    each of its workers makes rows i of a head's first half and i + head_dim/2 of its second, the pairs RoPE rotates
+    together, in two blocks half a head apart."""
+    return sum(n // t.rows_per_iteration() for n in shape.matrices()[: shape.rope_parts]) if roped(shape) else 0
+
+
+def rope_frequencies(shape: Any, t: Tiling, row: int) -> list[int]:
+    """The frequencies (first-half rows of a head) of the pairs the worker at compute row ``row`` rotates, in the
+    order of its held blocks."""
+    block, tm = t.rows * t.tile_m, t.tile_m
+    return [i * block + row * tm + j for i in range(shape.rope_dim // 2 // block) for j in range(tm)]
+
+
+def rope_table(x: torch.Tensor, shape: Any, freqs: list[int]) -> torch.Tensor:
+    """A worker's columns of the RoPE table riding in x's object (``x_object``): [cos | sin] of its frequencies."""
+    m, k, d = shape.m, shape.k, shape.rope_dim
+    start = m * k + prenormed(shape) * k
+    cs = x.view(-1)[start : start + m * d].view(m, d)
+    idx = torch.tensor(freqs)
+    return torch.cat((cs[:, idx], cs[:, d // 2 + idx]), dim=1)
+
+
+def rope_local_bytes(shape: Any, t: Tiling) -> int:
+    """A roped worker's scratch: a head's blocks until its last, and its columns of the table."""
+    return 2 * 2 * shape.m * t.tile_m * rope_head_blocks(shape, t) if roped(shape) else 0
+
+
+def rope_output_bytes(shape: Any, t: Tiling) -> int:
+    """The output fifo's buffers a roped worker holds beyond the double buffer (a head's objects at once): L1 the
+    validator counts with the fifo, not with the worker's scratch."""
+    return 2 * shape.m * t.tile_m * max(rope_head_blocks(shape, t) - 2, 0) if roped(shape) else 0
 
 
 def x_must_ride(cols: int, channels: int, device: Device) -> bool:
@@ -316,14 +419,35 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
         macs_per_call=m * tm * tk,
         vector_ops_per_call=epilogue_ops(shape, m * tm),
         bytes_per_call=2 * (tm * tk + m * tk) + (4 * m * tm if config.acc == "fp32" else 0),
-        params={"tile_m": tm, "tile_k": tk, "m": m, "k": shape.k, "n": shape.n, "normed": int(prenormed(shape))},
+        params={
+            "tile_m": tm,
+            "tile_k": tk,
+            "m": m,
+            "k": shape.k,
+            "n": shape.n,
+            "normed": int(prenormed(shape)),
+            "rope_blocks": rope_blocks(shape, config.tiling()),
+        },
     )
 
 
 def epilogue(out: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Tensor], ctx, shape: Any, quiet: int) -> None:
     """Write a finished (m, tile_m) block of a launch with folded ops (gemv and qgemv alike): a gated launch keeps a
     gate block (it has no output object) until the up block of the same rows, then writes silu(gate) * up; a
-    residual launch adds its rows of the residual (``ins[2]``, riding in x: ``residual_rows``)."""
+    residual launch adds its rows of the residual (``ins[2]``, riding in x: ``residual_rows``); a roped launch keeps
+    a rotated matrix's blocks until the head's last, then rotates them with its table columns (``ins[2]``:
+    ``rope_table``) by the RoPE kernel's arithmetic (``rope.rotate_rows``, element by element: the worker's pairs
+    rotated together are the whole head's) and writes them in order."""
+    if roped(shape) and ctx.iteration < ctx.params["rope_blocks"]:
+        held = ctx.scratch.setdefault("held", [])
+        held.append(out)
+        if outs:  # the head's last block: rotate the worker's rows of the head as one (``rope_blocks``), write all
+            ctx.scratch["held"] = []
+            head = torch.cat(held, dim=1)  # first-half rows, then their partners, in frequency order
+            rotated = rope.rotate_rows(head, ins[2], head.shape[1])
+            for o, piece in zip(outs, rotated.split(out.shape[1], dim=1), strict=True):
+                o.copy_(piece)
+        return
     if gated(shape) and not outs:
         ctx.scratch.setdefault("gate", {})[ctx.iteration] = out
         return
@@ -336,6 +460,8 @@ def epilogue(out: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Tensor
 
 def epilogue_ops(shape: Any, outputs: int) -> int:
     """Vector ops of a call's epilogue on its ``outputs`` elements, charged every call (an upper bound)."""
+    if roped(shape):
+        return outputs * rope.OPS_PER_ELEMENT
     return outputs * (swiglu.OPS_PER_ELEMENT if gated(shape) else int(with_residual(shape)))
 
 
@@ -493,7 +619,8 @@ def matvec_dataflow(
     starts = [sum(blocks[:c]) for c in range(cols)]
     iters = sum(nj // total for nj in shape.matrices())
     normed, res, gate = prenormed(shape), with_residual(shape), gated(shape)
-    quiet = gate_blocks(shape, total)
+    writes = block_writes(shape, t)
+    y_depth = max(2, *writes)  # a roped worker writes a head's blocks at once
     if t.x_rides:  # x whole, once, on column 0's first weight channel (Tiling.x_rides), with what rides in it
         x = Fifo(
             "x", x_object(shape), "bf16", 1, shim_placement=Tile(0, SHIM_ROW), rides_with="w_0_0", role=f"{worker}.x"
@@ -519,7 +646,7 @@ def matvec_dataflow(
                 fifos.append(Fifo(w_in[0], (tm, cb), stream.dtype, depth))
                 links.append(join(f"w_join_{c}", w_names, w_in[0], [0, sub * cb], mem))
             y_out = [f"y_{c}"]
-            fifos.append(Fifo(y_out[0], (m, tm), "bf16", 2, shim_placement=shim))
+            fifos.append(Fifo(y_out[0], (m, tm), "bf16", y_depth, shim_placement=shim))
         else:  # each channel's block is split in the memory tile, one (tile_m, chunk) object per compute row
             per = rows // ch
             w_in = [f"w_{c}_{j}_{r}" for j in range(ch) for r in range(per)]
@@ -528,15 +655,16 @@ def matvec_dataflow(
                 dsts = w_in[j * per : (j + 1) * per]
                 links.append(split(f"w_split_{c}_{j}", w_names[j], dsts, [r * tm * cb for r in range(per)], mem))
             y_out = [f"y_{c}_{r}" for r in range(rows)]
-            fifos += [Fifo(name, (m, tm), "bf16", 2) for name in y_out]
+            fifos += [Fifo(name, (m, tm), "bf16", y_depth) for name in y_out]
             fifos.append(Fifo(f"y_l2_{c}", (rows, m, tm), "bf16", 2, shim_placement=shim))
             links.append(join(f"y_join_{c}", y_out, f"y_l2_{c}", [r * m * tm for r in range(rows)], mem))
         for r in range(rows):
             if t.x_rides:  # one loop over every block and K chunk, x held throughout (resident_x_program)
                 first_row = _block_rows(shape, total, starts[c], blocks[c], r * tm) if res else None
-                program = resident_x_program(iters, ksteps, first_row, quiet)
+                freqs = rope_frequencies(shape, t, r) if roped(shape) else None
+                program = resident_x_program(iters, ksteps, first_row, writes=writes, rope=freqs and (shape, freqs))
                 loop = dict(iterations=1, calls_per_iteration=calls, program=program,
-                            acquires={w_in[r]: calls, "x": 1, y_out[r]: iters - quiet})  # fmt: skip
+                            acquires={w_in[r]: calls, "x": 1, y_out[r]: sum(writes)})  # fmt: skip
             else:
                 loop = dict(iterations=iters, calls_per_iteration=ksteps,
                             acquires={w_in[r]: ksteps, "x": ksteps, y_out[r]: 1})  # fmt: skip
@@ -555,8 +683,12 @@ def matvec_dataflow(
     for j_mat, (nj, (w_t, y_t)) in enumerate(zip(shape.matrices(), tensor_names(shape), strict=True)):
         its = nj // total  # iterations of this matrix: every column produces blocks[c] of its rows in each
         y_t = "y" if gate else y_t  # a gated launch writes silu(first) * second, at the second's blocks
-        for i0 in range(0, its, TAP_MAX_REPEAT):
-            nb = min(TAP_MAX_REPEAT, its - i0)
+        # a rotated matrix's runs end at head boundaries: a head's blocks drain together, after its last block's
+        # weights, which a later task group (after this one's drains) would never bring
+        per_head = rope_head_blocks(shape, t) if j_mat < rope_parts(shape) else 1
+        step = TAP_MAX_REPEAT // per_head * per_head
+        for i0 in range(0, its, step):
+            nb = min(step, its - i0)
             run: list[tuple[str, str, str, Any]] = []
             # x is re-sent for every output block (the broadcast delivers each object to every worker), or sent
             # whole once, first, when it rides a weight channel
@@ -566,6 +698,9 @@ def matvec_dataflow(
                 run += [("fill", "x", "x", tap) for tap in stream_taps((m, k), 0, [m, k], [k, 1])]
                 if normed:  # the same object's next k elements, from the norm weight: one BD chain on x's channel
                     run += [("fill", "x", "g", tap) for tap in stream_taps((k,), 0, [k], [1])]
+                if roped(shape):  # then the RoPE table of the tokens' positions
+                    d = shape.rope_dim
+                    run += [("fill", "x", "cs", tap) for tap in stream_taps((m, d), 0, [m, d], [d, 1])]
                 if res:  # then the residual the outputs are added to
                     n = shape.n
                     run += [("fill", "x", "r", tap) for tap in stream_taps((m, n), 0, [m, n], [n, 1])]
@@ -589,28 +724,38 @@ def matvec_dataflow(
 
 
 def resident_x_program(
-    blocks: int, ksteps: int, first_row: Callable[[int], int] | None = None, quiet: int = 0
+    blocks: int,
+    ksteps: int,
+    first_row: Callable[[int], int] | None = None,
+    quiet: int = 0,
+    writes: Sequence[int] | None = None,
+    rope: tuple[Any, list[int]] | None = None,
 ) -> Callable[[Worker], Iterator[Op]]:
     """A matrix-vector worker's program when x stays resident (``Tiling.x_rides``): acquire the whole x once, then
-    for each of ``blocks`` output blocks hold one output object while ``ksteps`` weight chunks stream past; each
+    for each of ``blocks`` output blocks hold its output objects while ``ksteps`` weight chunks stream past; each
     call is step k of ``ksteps`` of block b (the kernel reads chunk k of x, ``x_chunk``). ``first_row(b)``: the
     block's first output row, for a launch whose residual rides in x's object: each call also gets the worker's
-    rows of the residual (``residual_rows``). The first ``quiet`` blocks write no output object: a gated launch
-    keeps them in the worker (``Shape.gated``) and writes silu of each times the matching later block."""
+    rows of the residual (``residual_rows``). ``writes[b]``: the output objects block b writes (``block_writes``;
+    default one, none for the first ``quiet``): a gated launch keeps its gate blocks in the worker (``Shape.gated``)
+    and writes silu of each times the matching later block; a roped one (``rope``: the shape and the worker's
+    frequencies) writes a head's blocks after its last, whose calls also get the worker's table columns."""
+    writes = writes if writes is not None else [0 if b < quiet else 1 for b in range(blocks)]
 
     def program(w: Worker) -> Iterator[Op]:
         wf, xf = w.inputs
         (yf,) = w.outputs
         (x,) = yield Acquire(xf, 1)
+        table = rope_table(x, *rope) if rope is not None else None
         for b in range(blocks):
-            ys = () if b < quiet else tuple((yield Acquire(yf, 1)))
+            ys = tuple((yield Acquire(yf, writes[b]))) if writes[b] else ()
             extra = () if first_row is None else (residual_rows(x, w.kernel.params, first_row(b)),)
+            extra += (table,) if table is not None and ys and b < w.kernel.params.get("rope_blocks", 0) else ()
             for step in range(ksteps):
                 (wb,) = yield Acquire(wf, 1)
                 yield Call((wb, x, *extra), ys, b, step, ksteps)
                 yield Release(wf, 1)
             if ys:
-                yield Release(yf, 1)
+                yield Release(yf, len(ys))
         yield Release(xf, 1)
 
     return program
@@ -634,12 +779,13 @@ def with_residual(shape: Any) -> bool:
 
 def x_object(shape: Any) -> tuple[int, ...]:
     """The shape of a resident x's one object: (m, k), or, with what rides in it (a prologue's norm weight, an
-    epilogue's residual), flat: x, then the norm weight (k), then the residual (m x n), each gathered from its own
-    tensor by one chain of buffer descriptors on x's channel."""
+    epilogue's RoPE table or residual), flat: x, then the norm weight (k), then the table (m x rope_dim) or the
+    residual (m x n), each gathered from its own tensor by one chain of buffer descriptors on x's channel."""
     m, k = shape.m, shape.k
-    if not prenormed(shape) and not with_residual(shape):
+    if not prenormed(shape) and not with_residual(shape) and not roped(shape):
         return (m, k)
-    return (m * k + prenormed(shape) * k + with_residual(shape) * m * shape.n,)
+    table = m * shape.rope_dim if roped(shape) else 0
+    return (m * k + prenormed(shape) * k + table + with_residual(shape) * m * shape.n,)
 
 
 def residual_rows(x: torch.Tensor, params: Any, row: int) -> torch.Tensor:
@@ -709,6 +855,7 @@ def matvec_tensors(shape: Any, stream: WeightStream) -> tuple[list[TensorSpec], 
     mats = shape.matrices()
     inputs = [TensorSpec("x", (shape.m, shape.k))] + ([TensorSpec("g", (shape.k,))] if prenormed(shape) else [])
     inputs += [TensorSpec("r", (shape.m, shape.n))] if with_residual(shape) else []
+    inputs += [TensorSpec("cs", (shape.m, shape.rope_dim))] if roped(shape) else []
     inputs += [TensorSpec(w, (nj, stream.row), stream.dtype) for nj, (w, _) in zip(mats, names, strict=True)]
     outputs = [TensorSpec(y, (shape.m, nj)) for nj, (_, y) in zip(mats, names, strict=True)]
     if gated(shape):
@@ -774,14 +921,14 @@ def fold_points(shape: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     points = ("prologue:rmsnorm(fp32)->bf16",) if prenormed(shape) else ()
     tail = ("epilogue:add(fp32)->bf16",) if with_residual(shape) else ()
     tail += ("epilogue:silu*up(fp32)->bf16",) if gated(shape) else ()
+    tail += ("epilogue:rope(fp32)->bf16",) if roped(shape) else ()
     return points, tail
 
 
 def fold_suffix(shape: Any) -> str:
     """The design-name suffix of a launch's folds."""
-    return "".join(
-        tag for tag, on in (("_rms", prenormed(shape)), ("_res", with_residual(shape)), ("_glu", gated(shape))) if on
-    )
+    tags = (("_rms", prenormed(shape)), ("_res", with_residual(shape)), ("_glu", gated(shape)), ("_rope", roped(shape)))
+    return "".join(tag for tag, on in tags if on)
 
 
 def _fast(config: Config, shape: Shape | None = None):
@@ -808,6 +955,9 @@ def folded_fast(
     epilogue, each with its own kernel's arithmetic, so the launch computes what the separate launches compute."""
     x = normalize_rows(inputs["x"], inputs["g"], shape.norm_eps) if prenormed(shape) else inputs["x"]
     out = {y: matvec(x, w) for w, y in names}
+    if roped(shape):  # the RoPE kernel's arithmetic on each rotated matrix's heads
+        for _, y in names[: shape.rope_parts]:
+            out[y] = rope.rotate_rows(out[y], inputs["cs"], shape.rope_dim)
     if with_residual(shape):
         out = {y: add_residual(v, inputs["r"]) for y, v in out.items()}
     if gated(shape):
@@ -824,9 +974,19 @@ def folded_reference(
     x = rms_reference(inputs["x"], inputs["g"], shape.norm_eps) if prenormed(shape) else inputs["x"]
     r = inputs["r"].to(torch.float32) if with_residual(shape) else 0
     out = {y: linear(x, weight(w)) + r for w, y in names}
+    for _, y in names[: shape.rope_parts] if roped(shape) else ():
+        out[y] = _rope_reference(out[y], inputs["cs"], shape.rope_dim)
     if gated(shape):
         return {"y": torch.nn.functional.silu(out["y0"]) * out["y1"]}
     return out
+
+
+def _rope_reference(y: torch.Tensor, cs: torch.Tensor, d: int) -> torch.Tensor:
+    """FP32 RoPE of y's heads (half layout) by the table ``cs`` ([m, d] = [cos | sin]), no rounding."""
+    h = y.to(torch.float32).reshape(y.shape[0], -1, d)
+    c, s = (cs.to(torch.float32)[:, None, : d // 2], cs.to(torch.float32)[:, None, d // 2 :])
+    y1, y2 = h[..., : d // 2], h[..., d // 2 :]
+    return torch.cat((y1 * c - y2 * s, y2 * c + y1 * s), dim=-1).reshape(y.shape)
 
 
 def reference(inputs: dict[str, torch.Tensor], shape: Shape | None = None) -> dict[str, torch.Tensor]:

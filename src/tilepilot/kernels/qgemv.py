@@ -54,6 +54,9 @@ from tilepilot.kernels.gemv import (
     prenormed,
     prologue_meta,
     resident_x,
+    rope_blocks,
+    rope_local_bytes,
+    rope_output_bytes,
     tensor_names,
     tile_fits,
     tile_k_choices,
@@ -83,7 +86,10 @@ class Shape:
     to the residual tensor ``r`` ([m, n], riding in x's object) before it is written, with the residual add's own
     arithmetic (``gemv.add_residual``): the add's launch is saved. ``gated``: of two equal matrices (gate, up) only
     silu(gate) * up is written (``swiglu.silu_mul``), each worker keeping its gate rows until their up rows are done:
-    the SwiGLU launch is saved. All need ``x_rides``; a residual one matrix."""
+    the SwiGLU launch is saved. ``rope_dim``: the first ``rope_parts`` matrices' outputs are rotated by RoPE (heads of
+    ``rope_dim`` rows; the table ``cs`` rides in x's object) before they are written, with the RoPE kernel's own
+    arithmetic, each worker holding a head's blocks until its last (``gemv.rope_blocks``): the RoPE launch is saved.
+    All need ``x_rides``; a residual one matrix."""
 
     n: int
     k: int
@@ -94,6 +100,8 @@ class Shape:
     norm_eps: float | None = None
     residual: bool = False
     gated: bool = False
+    rope_dim: int = 0
+    rope_parts: int = 0
 
     def matrices(self) -> tuple[int, ...]:
         return self.parts or (self.n,)
@@ -134,10 +142,10 @@ def l1_bytes(shape: Shape, config: Config) -> int:
     """W byte chunk x depth, x chunk and y block double-buffered, fp32 acc, stack (the larger worker of an uneven
     split). No decoded copy of the chunk: the kernel decodes a block into vector registers and multiplies it there
     (AIR's ``proj_qmm`` keeps only its 32-float accumulator beside the packed block), so L1 holds packed bytes."""
-    tm, tk, m = max(config.tile_m, config.tile_m0), config.tile_k, shape.m
+    tm, tk, m, t = max(config.tile_m, config.tile_m0), config.tile_k, shape.m, config.tiling()
     w = config.depth * tm * chunk_bytes(shape, tk)
     x = 2 * prod(x_object(shape)) if config.x_rides else 2 * 2 * m * tk  # resident x (+ g, r), or its chunks
-    x += prenorm_local_bytes(shape)
+    x += prenorm_local_bytes(shape) + rope_local_bytes(shape, t) + rope_output_bytes(shape, t)
     return w + x + 2 * 2 * m * tm + 4 * m * tm + CORE_STACK_BYTES
 
 
@@ -164,7 +172,7 @@ def _check(shape: Shape, config: Config, device: Device) -> None:
     if config.tile_m0 < 0:
         raise _err(f"tile_m0 {config.tile_m0} must be 0 (even split) or a row count")
     check_parts(shape, config.tiling().rows_per_iteration(), _err)
-    check_folds(shape, config.x_rides, _err)
+    check_folds(shape, config.tiling(), _err)
     if shape.k % config.tile_k or config.tile_k % K_GRANULE or config.tile_k % shape.block:
         raise _err(f"K={shape.k} does not split into chunks of {config.tile_k} (multiples of 32 and the block)")
     if chunk_bytes(shape, config.tile_k) % WORD_BYTES:
@@ -202,6 +210,7 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
             "k": shape.k,
             "n": shape.n,
             "normed": int(prenormed(shape)),
+            "rope_blocks": rope_blocks(shape, config.tiling()),
             "fmt": fmt,
             "block": block,
         },  # fmt: skip
@@ -218,10 +227,12 @@ def make_design(shape: Shape, config: Config | None = None, device: Device | Non
     kernels = {t: _kernel(shape, config, t) for t in {tm, config.tile_m0} if t}
 
     quiet = gate_blocks(shape, config.tiling().rows_per_iteration())
+    tiling = config.tiling()
 
     def local(rows: int) -> int:
-        # fp32 accumulator (blocks decode in registers), normed x, a gated launch's kept gate rows
-        return 4 * m * rows + prenorm_local_bytes(shape) + 2 * m * rows * quiet
+        # fp32 accumulator (blocks decode in registers), normed x, a gated launch's kept gate rows, a roped one's held
+        # blocks and table columns
+        return 4 * m * rows + prenorm_local_bytes(shape) + 2 * m * rows * quiet + rope_local_bytes(shape, tiling)
 
     fifos, links, workers, rt = matvec_dataflow(
         shape, config.tiling(), stream, kernels.__getitem__, "qmv", local, device

@@ -9,6 +9,7 @@ execute any grouping of the nodes without knowing the family.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tilepilot.model.spec import ModelSpec
@@ -37,6 +38,15 @@ KIND_FAMILIES: dict[str, tuple[str, ...]] = {
 LINEAR_KINDS = ("linear", "lm_head")
 EPILOGUE_KINDS = ("add", "swiglu")
 FOLDED_KINDS = ("rmsnorm", "head_norm", *EPILOGUE_KINDS, "kv_write")
+
+
+def folded_kinds(kinds: Sequence[str]) -> list[str]:
+    """The kinds folded into a merged run's launch, in their order of first appearance: ``FOLDED_KINDS``, and RoPE
+    after linear ops (the RoPE epilogue of a GEMV launch, ``kernels.bind.FoldedLinear``; a run of RoPE ops alone is
+    one RoPE launch, nothing folded)."""
+    folded = [k for k in kinds if k in FOLDED_KINDS or (k == "rope" and kinds[0] in LINEAR_KINDS)]
+    return list(dict.fromkeys(folded))
+
 
 CPU_FAMILY = "cpu"
 # plans saved before CPU calls were named "cpu" called them "host"; they load as CPU_FAMILY

@@ -26,9 +26,9 @@ from typing import Any
 
 from tilepilot.kernels.bind import make_config, merged_launch
 from tilepilot.kernels.registry import family
-from tilepilot.model.graph import FOLDED_KINDS, LINEAR_KINDS, block_graph
+from tilepilot.model.graph import EPILOGUE_KINDS, FOLDED_KINDS, LINEAR_KINDS, block_graph, folded_kinds
 from tilepilot.model.spec import ModelSpec
-from tilepilot.npu.validate import DesignError
+from tilepilot.npu.validate import DesignError, validate
 from tilepilot.plan.plan import FOLD_FAMILIES, MERGED_KIND, DeploymentPlan, KernelGroup, apply_kv_cache, merge_problems
 
 # (family, merged shape) -> the merged launch's config dict
@@ -62,12 +62,13 @@ def merge_runs(spec: ModelSpec, group: KernelGroup) -> list[list[str]]:
 
 
 def _legal(fam: str, shape: Any, config: dict[str, Any]) -> bool:
+    """Whether ``config`` builds a design of ``shape`` that the validator accepts (a fused launch's extra buffers can
+    break a tile's budgets where the unfused shape's did not)."""
     mod = family(fam)
     try:
-        mod.make_design(shape, make_config(mod, shape, config))
+        return not validate(mod.make_design(shape, make_config(mod, shape, config)))
     except DesignError:
         return False
-    return True
 
 
 def merged_config(
@@ -141,14 +142,22 @@ def split_stage(
         keep = []
         for m in g.merged:
             nodes = [graph.node(o) for o in m]
-            if any(n.kind in FOLDED_KINDS for n in nodes):  # a launch with folded ops: take out the named ones
-                rest = _left_of(m, nodes, kinds)
-                keep += [rest] if rest else []
+            if folded_kinds([n.kind for n in nodes]):  # a launch with folded ops: take out the named ones
+                keep += _split_of(m, nodes, kinds)
             elif nodes[0].kind not in kinds:
                 keep.append(m)
         changed |= keep != g.merged
         g.merged = keep
     return apply_kv_cache(new) if changed else None
+
+
+def _split_of(run: list[str], nodes: list, kinds: tuple[str, ...]) -> list[list[str]]:
+    """The runs a folded run leaves with its ops of ``kinds`` taken out: what stays of it (``_left_of``), and a GEMV
+    launch's RoPE epilogue of two or more RoPE ops, when it leaves with them, as the one RoPE launch it was before."""
+    rest = _left_of(run, nodes, kinds)
+    ropes = [o for o, n in zip(run, nodes, strict=True) if n.kind == "rope"]
+    left = len(ropes) > 1 and nodes[0].kind in LINEAR_KINDS and not set(ropes) & set(rest or ())
+    return ([rest] if rest else []) + ([ropes] if left else [])
 
 
 def _left_of(run: list[str], nodes: list, kinds: tuple[str, ...]) -> list[str] | None:
@@ -157,6 +166,26 @@ def _left_of(run: list[str], nodes: list, kinds: tuple[str, ...]) -> list[str] |
     None (every op a launch of its own)."""
     rest = [o for o, n in zip(run, nodes, strict=True) if n.kind not in kinds]
     return rest if len(rest) > 1 and nodes[run.index(rest[0])].kind == nodes[0].kind else None
+
+
+def restructured(plan: DeploymentPlan, like: DeploymentPlan, stage: str = "decode") -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs the merged runs of ``like`` (a plan of the same groups: the pass a
+    packing alternative split, ``packing_alternatives``), each run ``plan`` lacks at a config of its first op that
+    tiles the fused shape (``merged_config``: its own when legal, else the family default keeping its columns and
+    rows); None when the structures are the same or a run has no such config."""
+    if _structure(plan, stage) == _structure(like, stage):
+        return None
+    spec = plan.model_spec()
+    new = copy.deepcopy(plan)
+    for g, want in zip(new.stage(stage).groups(), like.stage(stage).groups(), strict=True):
+        for run in (r for r in want.merged if r not in g.merged):
+            try:
+                config = merged_config(spec, g, run)
+            except DesignError:
+                return None
+            next(c for c in g.calls if c.op == run[0]).config = config
+        g.merged = [list(r) for r in want.merged]
+    return apply_kv_cache(new)
 
 
 def _structure(plan: DeploymentPlan, stage: str) -> tuple:
@@ -264,6 +293,36 @@ def normed_rope_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str
     return out
 
 
+def roped_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[list[str]], list[str]]]:
+    """(the merged runs it replaces, the new run) for every RoPE launch of ``group`` (a merged run of RoPE ops, or one
+    RoPE op) whose ops rotate the first outputs of one GEMV launch of this group (a merged or folded run of linear
+    ops of a family that folds, ``FOLD_FAMILIES``, with no epilogue yet, or one such op), RoPE op j linear op j's:
+    that GEMV launch with the RoPE ops as its epilogue (``kernels.bind.FoldedLinear``), when ``plan.merge_problems``
+    accepts it. A RoPE launch holding per-head norms or a cache write is not one (its ops read the norms)."""
+    if group.where != "npu":
+        return []
+    graph = block_graph(spec)
+    calls = {c.op: c for c in group.calls}
+    taken = {o for m in group.merged for o in m}
+    launches = [m for m in group.merged if all(graph.node(o).kind == "rope" for o in m)]
+    launches += [[c.op] for c in group.calls if graph.node(c.op).kind == "rope" and c.op not in taken]
+    out: list[tuple[list[list[str]], list[str]]] = []
+    for ropes in launches:
+        rotated = [graph.node(o).inputs[0] for o in ropes]  # a value is named after the op that computes it
+        if any(v not in calls or calls[v].family not in FOLD_FAMILIES for v in rotated):
+            continue
+        old = next((m for m in group.merged if rotated[0] in m), None)
+        gemv = old or [rotated[0]]
+        kinds = [graph.node(o).kind for o in gemv]
+        lins = [o for o in gemv if graph.node(o).kind in LINEAR_KINDS]
+        if any(k in EPILOGUE_KINDS or k == "rope" for k in kinds) or lins[: len(rotated)] != rotated:
+            continue
+        run = [*gemv, *ropes]
+        if not merge_problems(KernelGroup(group.name, group.calls, merged=[run]), graph, "plan"):
+            out.append(([r for r in (old, ropes) if r in group.merged], run))
+    return out
+
+
 def cached_rope_runs(spec: ModelSpec, group: KernelGroup) -> list[tuple[list[str] | None, list[str]]]:
     """(the RoPE run it extends or None, the new run) for every write of a quantized KV cache (``kvquant``) in
     ``group`` whose K rows come from a RoPE launch of this group (a merged or normed RoPE run with K's RoPE last, or
@@ -292,6 +351,12 @@ def cached_rope_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner 
     """A copy of ``plan`` whose ``stage`` runs every quantized KV-cache write it can inside the RoPE launch that
     rotates K (``cached_rope_runs``); None when none can."""
     return _folded_stage(plan, stage, cached_rope_runs, tuner)
+
+
+def roped_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
+    """A copy of ``plan`` whose ``stage`` runs every RoPE launch it can as the epilogue of the GEMV launch whose outputs
+    it rotates (``roped_runs``); None when none can."""
+    return _folded_stage(plan, stage, roped_runs, tuner)
 
 
 def normed_stage(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None = None) -> DeploymentPlan | None:
@@ -332,9 +397,10 @@ def every_fold(plan: DeploymentPlan, stage: str = "decode", tuner: Tuner | None 
 def _folded_stage(
     plan: DeploymentPlan, stage: str, runs_of: Callable[[ModelSpec, KernelGroup], list], tuner: Tuner | None
 ) -> DeploymentPlan | None:
-    """``plan`` with the runs ``runs_of(spec, group)`` gives (each replacing the merged run it extends, if any), each
-    launch at a config its fused shape tiles (``merged_config``: the tuner's, or the launch's own config when legal,
-    else the family default keeping its columns and rows); None when there is none."""
+    """``plan`` with the runs ``runs_of(spec, group)`` gives (each replacing the merged run it extends, if any, or the
+    merged runs it joins, a list of them), each launch at a config its fused shape tiles (``merged_config``: the
+    tuner's, or the launch's own config when legal, else the family default keeping its columns and rows); None when
+    there is none."""
     spec = plan.model_spec()
     new = copy.deepcopy(plan)
     new.stage(stage).join()  # a one-dispatch pass saved before its groups were joined
@@ -346,7 +412,11 @@ def _folded_stage(
             except DesignError:
                 continue
             next(c for c in g.calls if c.op == run[0]).config = config
-            g.merged = [run if m == old else m for m in g.merged] if old else [*g.merged, run]
+            olds = old if old and isinstance(old[0], list) else [old] if old else []
+            if olds:  # the run takes the first replaced run's place
+                g.merged = [run if m == olds[0] else m for m in g.merged if m == olds[0] or m not in olds]
+            else:
+                g.merged = [*g.merged, run]
             changed = True
     return new if changed else None
 
@@ -405,14 +475,14 @@ def split_moves(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[Deplo
     for gi, g in enumerate(plan.stage(stage).groups()):
         for mi, m in enumerate(g.merged):
             nodes = [graph.node(o) for o in m]
-            folded = sorted({n.kind for n in nodes if n.kind in FOLDED_KINDS}, key=[n.kind for n in nodes].index)
-            # (the run that stays, or None, and what was undone)
-            undo: list[tuple[list[str] | None, str]] = [(None, f"{'+'.join(m)} as separate launches")]
+            folded = folded_kinds([n.kind for n in nodes])
+            # (the runs that stay in its place, and what was undone)
+            undo: list[tuple[list[list[str]], str]] = [([], f"{'+'.join(m)} as separate launches")]
             for kind in folded:
                 out_ops = ", ".join(n.op for n in nodes if n.kind == kind)
-                undo.append((_left_of(m, nodes, (kind,)), f"{out_ops} out of {m[0]}'s launch"))
+                undo.append((_split_of(m, nodes, (kind,)), f"{out_ops} out of {m[0]}'s launch"))
             for keep, words in undo:
-                runs = (*g.merged[:mi], *([keep] if keep else []), *g.merged[mi + 1 :])
+                runs = (*g.merged[:mi], *keep, *g.merged[mi + 1 :])
                 key = (*structure[:gi], tuple(map(tuple, runs)), *structure[gi + 1 :])
                 if key in seen:
                     continue
@@ -424,6 +494,8 @@ def split_moves(plan: DeploymentPlan, stage: str = "decode") -> list[tuple[Deplo
 
 
 # The folds into a launch, in the order the decode phase tries them (``skills.optimize.decode``: rmsnorm-prologue,
-# residual-epilogue, swiglu-epilogue, qk-norm-into-rope, kv-write-into-rope), for anything that walks them as the
-# phase does (``every_fold``, ``benchmarks/quantized.py``).
-FOLDS = (normed_stage, residual_stage, gated_stage, normed_rope_stage, cached_rope_stage)
+# residual-epilogue, swiglu-epilogue, qk-norm-into-rope, rope-epilogue, kv-write-into-rope), for anything that walks
+# them as the phase does (``every_fold``, ``benchmarks/quantized.py``). RoPE folds into its GEMV before a cache write
+# folds into RoPE: where both could, the RoPE launch goes (6.5 us per Llama-3.2-1B layer, modeled) rather than the
+# write's (4.3 us), and a resident fit that packs better without it splits it out again (``SPLITTABLE``).
+FOLDS = (normed_stage, residual_stage, gated_stage, normed_rope_stage, roped_stage, cached_rope_stage)

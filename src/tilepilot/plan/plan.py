@@ -17,7 +17,6 @@ from tilepilot.files import write_text_atomic
 from tilepilot.model.graph import (
     CPU_FAMILY,
     EPILOGUE_KINDS,
-    FOLDED_KINDS,
     KIND_FAMILIES,
     KV_FAMILY,
     LAYER_INPUT,
@@ -25,6 +24,7 @@ from tilepilot.model.graph import (
     LINEAR_KINDS,
     OpNode,
     block_graph,
+    folded_kinds,
 )
 from tilepilot.model.quant import WeightFormat
 from tilepilot.model.spec import ModelSpec
@@ -430,7 +430,7 @@ def merge_problems(g: KernelGroup, graph: Any, where: str) -> list[str]:
         if any(n.kind == "head_norm" for n in nodes):
             problems += _normed_rope_problems(what, g, m, nodes, graph)
             continue
-        if any(n.kind in FOLDED_KINDS for n in nodes):
+        if folded_kinds([n.kind for n in nodes]):
             problems += _folded_problems(what, g, m, nodes, graph)
             continue
         fams = {calls[o].family for o in m}
@@ -458,21 +458,25 @@ def _computed_from(g: KernelGroup, graph: Any, op: str) -> set[str]:
 
 def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph: Any) -> list[str]:
     """Why a GEMV run with folded ops (``kernels.bind.FoldedLinear``: linear ops, then optionally the RMSNorm they read,
-    then optionally the residual add of the one linear's output or the SwiGLU of the two linears' outputs) cannot be
-    one launch: the linear ops are of one GEMV family that folds (``FOLD_FAMILIES``) and one format; every value
-    the launch does not write (the norm's output, the linears' outputs under an epilogue) is read by no op outside
-    the run; an add's residual is computed before the run's first op (the launch runs there)."""
+    then optionally the residual add of the one linear's output or the SwiGLU of the two linears' outputs, or the
+    RoPE ops of the first linears' outputs) cannot be one launch: the linear ops are of one GEMV family that folds
+    (``FOLD_FAMILIES``) and one format; every value the launch does not write (the norm's output, the linears'
+    outputs under an epilogue) is read by no op outside the run; an add's residual is computed before the run's first
+    op (the launch runs there); RoPE op j runs as rope at the table the epilogue streams (fp32 angles, half layout)
+    and reads linear op j's output alone."""
     calls = {c.op: c for c in g.calls}
     lins = [n for n in nodes if n.kind in LINEAR_KINDS]
     rest = [n for n in nodes if n not in lins]
     norm = next((n for n in rest if n.kind == "rmsnorm"), None)
     ep = next((n for n in rest if n.kind in EPILOGUE_KINDS), None)
-    shape_ok = nodes[: len(lins)] == lins and rest == [n for n in (norm, ep) if n is not None] and lins
+    ropes = [n for n in rest if n.kind == "rope"]
+    tail = [n for n in (norm, ep) if n is not None] + ropes
+    shape_ok = nodes[: len(lins)] == lins and rest == tail and lins and not (ep and ropes)
     fams = {calls[n.op].family for n in lins}
     if not shape_ok or len(fams) != 1 or fams - set(FOLD_FAMILIES):
         return [
             f"{what}: a folded run is linear ops of one of {FOLD_FAMILIES}, then the RMSNorm they read and/or the "
-            f"add or SwiGLU of their outputs, got {[n.op for n in nodes]} on {sorted(fams)}"
+            f"add, SwiGLU or RoPE ops of their outputs, got {[n.op for n in nodes]} on {sorted(fams)}"
         ]
     problems = []
     if len({(calls[n.op].config.get("fmt"), calls[n.op].config.get("block")) for n in lins}) != 1:
@@ -499,6 +503,16 @@ def _folded_problems(what: str, g: KernelGroup, m: list[str], nodes: list, graph
             later = _computed_from(g, graph, m[0])
             if any(v in later for v in ep.inputs if v not in hidden):
                 problems.append(f"{what}: {ep.op}'s residual is computed at or after {m[0]}; the launch runs there")
+    for lin, r in zip(lins, ropes, strict=False):  # RoPE op j rotates linear op j's output
+        hidden.append(lin.output)
+        config = calls[r.op].config
+        table = (config.get("angles", "fp32"), config.get("layout", "half"))
+        if calls[r.op].family != "rope" or table != ("fp32", "half"):
+            problems.append(f"{what}: {r.op} must run as rope with fp32 angles in the half layout to be an epilogue")
+        if tuple(r.inputs) != (lin.output,):
+            problems.append(f"{what}: {r.op} must rotate {lin.op}'s output alone (RoPE op j rotates linear op j's)")
+    if len(ropes) > len(lins):
+        problems.append(f"{what}: more RoPE ops than linear ops to rotate")
     for v in hidden:
         readers = set(graph.readers(v)) - set(m)
         if readers:

@@ -33,7 +33,7 @@ from tilepilot.npu.resident import Occupancy, Packing, pack, summary_of, tiles_o
 from tilepilot.npu.timing import time_design
 from tilepilot.npu.validate import DesignError, tile_budgets, validate, validate_group
 from tilepilot.parallel import fork_map
-from tilepilot.plan.merge import split_moves
+from tilepilot.plan.merge import restructured, split_moves
 from tilepilot.plan.plan import DATA_FIELDS, DeploymentPlan, KernelCall
 
 # Candidates of one family tried per launch (the family's own ranking; the tuner's bound, kernels/tuning.py).
@@ -214,6 +214,50 @@ def _on_device(design: Design, move: tuple[int, int]) -> bool:
 def _tiles_used(designs: list[Design]) -> int:
     """Compute and memory tiles the designs use (what a launch spread less must lower)."""
     return len({t for d in designs for t in tiles_of(d) if d.device.kind(t) != "shim"})
+
+
+def prefetch_if_faster(
+    plan: DeploymentPlan, seconds: Callable[[DeploymentPlan], float], stage: str = "decode"
+) -> DeploymentPlan:
+    """``plan`` with its resident pass's GEMV weights fetched ahead (``StagePlan.prefetch``, ``npu/prefetch.py``) when
+    ``seconds`` says that is faster, else as it is. Fits are compared as they will run: a packing that leaves memory
+    tiles room for the prefetch regions can be slower without them and faster with them (Llama-3.2-1B q4_0, the RoPE
+    epilogue folded: 11.028 ms per token packed with smaller o/down tiles and no room, 11.055 ms packed with room,
+    10.890 ms with its prefetch, modeled)."""
+    st = plan.stage(stage)
+    if not st.resident or st.prefetch:
+        return plan
+    new = copy.deepcopy(plan)
+    new.stage(stage).prefetch = True
+    return new if seconds(new) < seconds(plan) else plan
+
+
+def as_it_will_run(
+    fit: DeploymentPlan,
+    seconds: Callable[[DeploymentPlan], float],
+    stage: str = "decode",
+    like: DeploymentPlan | None = None,
+    check: Callable[[DeploymentPlan], bool] | None = None,
+) -> tuple[DeploymentPlan, bool]:
+    """The faster of a resident fit and the same fit with the merged runs of ``like`` made again on its configs (the
+    pass its packing alternative split, ``plan.merge.restructured``), each with its weights prefetched when that is
+    faster (``prefetch_if_faster``), and whether it is the latter. A packing found with a run split out can leave
+    room the run's own fit does not (Llama-3.2-1B q4_0 with a q4_0 cache: the RoPE epilogue's own fit packs o/down in
+    128-value chunks and leaves no memory tile room for the prefetch, 90.68 tok/s; the fit with RoPE separate, its
+    RoPE folded again, 91.83 with its prefetch, modeled). The remade pass is taken only when it packs (``seconds``
+    raising ``DesignError`` leaves the fit) and ``check`` accepts it (a caller's checks the plan layer cannot make)."""
+    best = prefetch_if_faster(fit, seconds, stage)
+    remade = restructured(fit, like, stage) if like is not None else None
+    if remade is None:
+        return best, False
+    try:
+        remade = prefetch_if_faster(remade, seconds, stage)
+        faster = seconds(remade) < seconds(best)
+    except DesignError:
+        return best, False
+    if faster and (check is None or check(remade)):
+        return remade, True
+    return best, False
 
 
 def fit_resident(

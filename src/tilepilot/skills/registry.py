@@ -39,6 +39,7 @@ _OPTIMIZERS = (
     ("tilepilot.skills.optimize.decode", "ResidualEpilogue"),
     ("tilepilot.skills.optimize.decode", "SwigluEpilogue"),
     ("tilepilot.skills.optimize.decode", "QkNormIntoRope"),
+    ("tilepilot.skills.optimize.decode", "RopeEpilogue"),
     ("tilepilot.skills.optimize.decode", "KvWriteIntoRope"),
     ("tilepilot.skills.optimize.weights", "DequantizedPrefill"),
     ("tilepilot.skills.optimize.kernels", "VectorizedVariants"),

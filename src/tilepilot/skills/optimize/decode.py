@@ -33,11 +33,17 @@ skips the masked ones); AIR then built a template per window so the readback mat
   worker keeping its gate rows until its up rows are done and writing silu(gate) * up (``plan.merge.gated_stage``):
   one launch fewer per layer, half the launch's output bytes, bit-identical outputs.
 
+- ``rope-epilogue``: the RoPE launch of Q and K runs inside the GEMV launch that computes them (bf16 or quantized),
+  every worker holding its rows of a head until it has both halves of each pair, then rotating them with the
+  position's table, which rides in its resident x (``plan.merge.roped_stage``, ``kernels.gemv.rope_blocks``): one
+  launch fewer per layer, bit-identical outputs.
+
 - ``resident-decode``: the decode step as one dispatch configured into the array once, as AIR's fused decode is one
   module (``StagePlan.resident``, ``npu/resident.py``): every launch's tiles packed together, no design switch
   between launches; the configs that do not fit together are replaced by the cheapest ones that do
   (``plan.resident.fit_resident``), so it runs last, after tile tuning. A decode still dispatched per group (the
-  switches made one dispatch slower) is fused first, with the windowed readback.
+  switches made one dispatch slower) is fused first, with the windowed readback. Each fit is compared with its
+  weights prefetched when that is faster (``plan.resident.prefetch_if_faster``), as it will run.
 
 - ``weight-prefetch``: in a resident decode, the head of every GEMV launch's weights is fetched into memory-tile
   regions the packing leaves free, during the drain of the weight launch before it and the launches in between
@@ -68,8 +74,10 @@ from tilepilot.plan.merge import (
     normed_stage,
     packing_alternatives,
     residual_stage,
+    roped_stage,
 )
-from tilepilot.plan.resident import fit_resident, search_structures, squeezed
+from tilepilot.plan.plan import validate_plan
+from tilepilot.plan.resident import as_it_will_run, fit_resident, prefetch_if_faster, search_structures, squeezed
 from tilepilot.skills.base import SkillInput
 from tilepilot.skills.optimize.common import PlanOptimization, Proposal, clone
 from tilepilot.skills.optimize.host import _GATE
@@ -180,8 +188,14 @@ class _FoldIntoLaunch(PlanOptimization):
         new = self.fold(ctx.plan, stage, _tuner(ctx))
         if new is not None:
             before = _runs(ctx.plan, stage)
-            ops = [m[-1] for m in _runs(new, stage) if m not in before]
+            ops = [o for m in _runs(new, stage) if m not in before for o in _folded_ops(m, before)]
             yield Proposal(new, f"{stage}: {ops} as the {self.what} of the {self.into} next to each")
+
+
+def _folded_ops(run: list[str], before: list[list[str]]) -> list[str]:
+    """The ops a fold added to a launch: what follows the longest run it had before (or its first op)."""
+    had = max((r for r in before if run[: len(r)] == r), key=len, default=run[:1])
+    return run[len(had) :]
 
 
 def _tuner(ctx):
@@ -282,6 +296,31 @@ class QkNormIntoRope(_FoldIntoLaunch):
     fold = staticmethod(normed_rope_stage)
 
 
+class RopeEpilogue(_FoldIntoLaunch):
+    name = "rope-epilogue"
+    description = (
+        "Runs the RoPE of Q and K as the epilogue of the GEMV launch that computes them, bf16 or quantized: each "
+        "worker makes the rows of a head's pairs (i, i + head_dim/2) and holds them until the head's last block, "
+        "then rotates them with the position's table, which rides in its resident x. Use when a decode launches RoPE "
+        "right after the Q/K/V projection (no bias or per-head norm between them)."
+    )
+    purpose = (
+        "Removes the RoPE launch of every layer (inside a one-dispatch decode mostly pipeline fill and drain) and the "
+        "unrotated Q's and K's DDR round trip; the outputs are bit-identical (the RoPE kernel's own arithmetic)."
+    )
+    commands = ("tilepilot skills run rope-epilogue WORKSPACE --json",)
+    failure_modes = (
+        "RoPE reading a bias add or a per-head norm (Qwen2, Qwen3) rotates no GEMV output: nothing to fold.",
+        "A GEMV tiling whose column's rows per call do not divide half a head, split a head across columns, or "
+        "leave a head more than four blocks per worker (its output fifo's depth, each a BD) cannot pair the rows: "
+        "the launch is re-tiled by the tuner, and left unfused when no tiling of its shape pairs them.",
+        "A RoPE config with another table precision or the interleaved layout stays its own launch.",
+    )
+    what = "epilogue"
+    into = "Q/K/V launch"
+    fold = staticmethod(roped_stage)
+
+
 class KvWriteIntoRope(_FoldIntoLaunch):
     name = "kv-write-into-rope"
     description = (
@@ -297,6 +336,7 @@ class KvWriteIntoRope(_FoldIntoLaunch):
     commands = ("tilepilot skills run kv-write-into-rope WORKSPACE --json",)
     failure_modes = (
         "A bf16 cache has no write launch (the producers' drains land in the cache): nothing to fold.",
+        "RoPE already the Q/K/V launch's epilogue (rope-epilogue, tried first): no RoPE launch to write from.",
         "K's RoPE output read by anything but the write, or V computed after the RoPE launch: the write stays its own "
         "launch.",
         "The fused launch's fourth fifo needs two more locks on its tile; in a resident pass packed to the lock limit "
@@ -321,7 +361,9 @@ class ResidentDecode(PlanOptimization):
         "weight stream below the DDR rate, it also fits the pass one merged run or fold less at a time, from the best "
         "so far, and proposes the fastest structure it reaches. A pass it joins from per-group dispatches is also "
         "fitted with every merge and fold the joined groups allow (the paper rotates in one ELF and writes the cache "
-        "in the next)."
+        "in the next). Each fit is compared as it will run: with its GEMV weights fetched ahead (weight-prefetch) "
+        "when that is faster, and a fit of the pass with a run split out also with that run merged again on its "
+        "configs, since a packing that leaves memory tiles room for the prefetch can win only with it."
     )
     commands = ("tilepilot skills run resident-decode WORKSPACE --json",)
     gate_text = _GATE
@@ -357,6 +399,14 @@ class ResidentDecode(PlanOptimization):
             except Exception:  # any other failure surfaces where a one-by-one search would have met it
                 return _Failed()
 
+        def timed(p):
+            return ctx.timing(p).decode_s_per_token
+
+        spec = base.model_spec()
+
+        def checked(p) -> bool:  # what ``_fit_with_bindings`` holds a fit to
+            return not validate_plan(p) and all(g.ok for g in group_checks(p, spec, prompt_len) if g.stage == stage)
+
         alternatives = packing_alternatives(base, stage)
         if not st.one_dispatch:  # the joined pass may merge or fold what the earlier skills saw in separate groups
             folded = every_fold(base, stage, _tuner(ctx))
@@ -372,9 +422,13 @@ class ResidentDecode(PlanOptimization):
                 ctx.workspace.journal.progress(f"resident-decode: the decode pass{how} cannot be packed ({fitted})")
                 continue
             new, changes = fitted
-            fits.append((ctx.timing(new).decode_s_per_token, n, new, alt))
+            new, remade = as_it_will_run(new, timed, stage, base, checked)  # fits compared as they will run
+            fits.append((timed(new), n, new, base if remade else alt))
             said = f"; {len(changes)} config change(s) to fit: " + "; ".join(changes) if changes else ""
-            yield Proposal(new, f"{stage}: one resident dispatch{how}, every launch packed into the array{fused}{said}")
+            again = ", then merged again as before on the fitted configs" if remade else ""
+            ahead = ", GEMV weights fetched ahead" if new.stage(stage).prefetch else ""
+            change = f"{stage}: one resident dispatch{how}{again}, every launch packed into the array{fused}{ahead}"
+            yield Proposal(new, change + said)
         if not fits:
             return
         # the fastest fit squeezes a weight stream below the DDR rate: walk its structure one unit at a time
@@ -385,10 +439,7 @@ class ResidentDecode(PlanOptimization):
 
         def fit(p):
             got = fit_or_why(p)
-            return None if isinstance(got, str) else got[0]
-
-        def timed(p):
-            return ctx.timing(p).decode_s_per_token
+            return None if isinstance(got, str) else prefetch_if_faster(got[0], timed, stage)
 
         ctx.workspace.journal.progress(f"resident-decode: {', '.join(tight)} below the DDR rate; walking the structure")
         steps = search_structures(start, seconds, fit, timed, stage=stage, jobs=ctx.settings.jobs)
