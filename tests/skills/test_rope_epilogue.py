@@ -219,3 +219,19 @@ def test_a_fit_with_a_run_split_out_is_also_weighed_with_the_run_merged_again(ti
     assert ahead.decode.prefetch and not fit.decode.prefetch
     assert prefetch_if_faster(fit, faster_if(lambda p: not p.decode.prefetch)) is fit
     assert prefetch_if_faster(folded, faster_if(lambda p: p.decode.prefetch)) is folded  # not resident: no regions
+
+
+def test_with_a_quantized_cache_the_packing_also_tries_rope_apart_with_the_cache_write_in_it(tiny_model):
+    """RoPE folds into its GEMV before a quantized cache's write folds into RoPE, so a roped pass never tried the
+    write's fold: ``packing_alternatives`` also offers RoPE as one launch again with the write in it."""
+    ck = load_checkpoint(tiny_model("llama", layers=1))
+    fmt = WeightFormat("q4_0", kv_cache="q8_0")
+    folded = roped_stage(normed_stage(merged_stage(fused_stage(with_weights(paper_like_plan(ck.spec), fmt)))))
+    assert folded is not None and not any("kv_write" in m for g in folded.decode.block for m in g.merged)
+    alts = dict((how, p) for p, how in packing_alternatives(folded))
+    cached = alts[" with Q's and K's RoPE as one launch again and the KV-cache writes in it"]
+    assert validate_plan(cached) == [] and ["rope_q", "rope_k", "kv_write"] in [
+        m for g in cached.decode.block for m in g.merged
+    ]
+    bf16_cache = roped_stage(_merged(ck, "q4_0"))  # no write to fold: nothing more to try
+    assert not any("KV-cache writes in it" in how for _, how in packing_alternatives(bf16_cache))
