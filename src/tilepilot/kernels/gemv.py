@@ -419,16 +419,22 @@ def _kernel(shape: Shape, config: Config) -> TileKernel:
         macs_per_call=m * tm * tk,
         vector_ops_per_call=epilogue_ops(shape, m * tm),
         bytes_per_call=2 * (tm * tk + m * tk) + (4 * m * tm if config.acc == "fp32" else 0),
-        params={
-            "tile_m": tm,
-            "tile_k": tk,
-            "m": m,
-            "k": shape.k,
-            "n": shape.n,
-            "normed": int(prenormed(shape)),
-            "rope_blocks": rope_blocks(shape, config.tiling()),
-        },
+        params=kernel_params(shape, config.tiling(), tm),
     )
+
+
+def kernel_params(shape: Any, t: Tiling, tile_m: int) -> dict[str, Any]:
+    """What a matrix-vector worker's kernel reads of its launch (gemv and qgemv alike): its rows and chunk per call,
+    the shape, and where its folds' data sit (``residual_rows``, ``epilogue``)."""
+    return {
+        "tile_m": tile_m,
+        "tile_k": t.tile_k,
+        "m": shape.m,
+        "k": shape.k,
+        "n": shape.n,
+        "normed": int(prenormed(shape)),
+        "rope_blocks": rope_blocks(shape, t),
+    }
 
 
 def epilogue(out: torch.Tensor, ins: list[torch.Tensor], outs: list[torch.Tensor], ctx, shape: Any, quiet: int) -> None:

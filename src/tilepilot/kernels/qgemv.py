@@ -47,6 +47,7 @@ from tilepilot.kernels.gemv import (
     folded_reference,
     folds,
     gate_blocks,
+    kernel_params,
     matvec_dataflow,
     matvec_tensors,
     parts_suffix,
@@ -54,7 +55,6 @@ from tilepilot.kernels.gemv import (
     prenormed,
     prologue_meta,
     resident_x,
-    rope_blocks,
     rope_local_bytes,
     rope_output_bytes,
     tensor_names,
@@ -203,17 +203,7 @@ def _kernel(shape: Shape, config: Config, tile_m: int | None = None) -> TileKern
         macs_per_call=m * tm * tk,
         vector_ops_per_call=DEQUANT_OPS[fmt] * tm * tk + epilogue_ops(shape, m * tm),
         bytes_per_call=tm * chunk_bytes(shape, tk) + 2 * m * tk + 4 * m * tm,
-        params={
-            "tile_m": tm,
-            "tile_k": tk,
-            "m": m,
-            "k": shape.k,
-            "n": shape.n,
-            "normed": int(prenormed(shape)),
-            "rope_blocks": rope_blocks(shape, config.tiling()),
-            "fmt": fmt,
-            "block": block,
-        },  # fmt: skip
+        params={**kernel_params(shape, config.tiling(), tm), "fmt": fmt, "block": block},
     )
 
 
